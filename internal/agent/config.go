@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// Protocols an agent can speak to a relay.
+const (
+	ProtocolLongPoll = "longpoll" // the http-relay long-poll protocol
+)
+
+// Config configures an agent. Zero fields take the defaults named on them.
+type Config struct {
+	// Relays are the relay URLs to dial, e.g. https://relay.example.com.
+	// The first one is used; the others are tried when it fails. Required.
+	Relays []*url.URL
+	// RelayPrefix is put before every agent path (/server/...), for an
+	// ingress that routes by prefix and rewrites it away. Default none.
+	RelayPrefix string
+	// Device is the device name users address. Required.
+	Device string
+	// Backend is the local service, e.g. http://127.0.0.1:3000; a path in it
+	// is put before every request's path. Required.
+	Backend *url.URL
+	// BackendH2C speaks HTTP/2 cleartext (prior knowledge) to the backend,
+	// as gRPC servers want. Default off.
+	BackendH2C bool
+	// DisableHTTP2 keeps the backend connection on HTTP/1.1 even over TLS.
+	DisableHTTP2 bool
+	// PreserveHost sends the user's Host header to the backend instead of the
+	// backend's own address. Default true in the command line.
+	PreserveHost bool
+	// Token is the agent's credential, sent as a bearer token. Default none
+	// (for relays that allow anonymous agents).
+	Token string
+	// RootCAs verifies the relay's certificate; nil means the system pool.
+	RootCAs *x509.CertPool
+	// Protocol is the protocol to speak; only ProtocolLongPoll for now.
+	Protocol string
+	// MaxChunkSize caps the response bytes posted per chunk. Default 1 MiB.
+	MaxChunkSize int
+	// BlockSize is the read size from the backend. Default 64 KiB.
+	BlockSize int
+	// NumPendingRequests is the number of concurrent polls. Default 1.
+	NumPendingRequests int
+	// MaxRequestBytes caps one HttpRequest received from the relay. Default 256 MiB.
+	MaxRequestBytes int
+	// KeepAlive is the idle time after which an empty chunk tells the relay
+	// that a response is still alive. Default 3 s.
+	KeepAlive time.Duration
+	// PollTimeout bounds one poll; it must exceed the relay's poll wait.
+	// Default 45 s.
+	PollTimeout time.Duration
+	// Logger receives the agent's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Complete fills in defaults for zero fields.
+func (c *Config) Complete() {
+	if c.Protocol == "" {
+		c.Protocol = ProtocolLongPoll
+	}
+	if c.MaxChunkSize <= 0 {
+		c.MaxChunkSize = 1 << 20
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = 64 << 10
+	}
+	if c.NumPendingRequests <= 0 {
+		c.NumPendingRequests = 1
+	}
+	if c.MaxRequestBytes <= 0 {
+		c.MaxRequestBytes = 256 << 20
+	}
+	if c.KeepAlive <= 0 {
+		c.KeepAlive = 3 * time.Second
+	}
+	if c.PollTimeout <= 0 {
+		c.PollTimeout = 45 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.RelayPrefix != "" {
+		c.RelayPrefix = "/" + strings.Trim(c.RelayPrefix, "/")
+	}
+}
+
+// Validate rejects settings that cannot work, saying how to fix them.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Relays) == 0 {
+		errs = append(errs, errors.New("no relay given: set --relay to a relay's URL, e.g. http://127.0.0.1:8080"))
+	}
+	for _, u := range c.Relays {
+		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			errs = append(errs, fmt.Errorf("relay URL %q must look like http(s)://host[:port]", u))
+		}
+	}
+	if c.Device == "" {
+		errs = append(errs, errors.New("no device name given: set --device"))
+	}
+	if c.Backend == nil {
+		errs = append(errs, errors.New("no backend given: set --backend to the local service, e.g. http://127.0.0.1:3000"))
+	} else if c.Backend.Scheme != "http" && c.Backend.Scheme != "https" || c.Backend.Host == "" {
+		errs = append(errs, fmt.Errorf("backend URL %q must look like http(s)://host[:port][/path]", c.Backend))
+	}
+	if c.BackendH2C && c.Backend != nil && c.Backend.Scheme != "http" {
+		errs = append(errs, errors.New("h2c to the backend needs an http:// backend URL"))
+	}
+	if c.Protocol != ProtocolLongPoll {
+		errs = append(errs, fmt.Errorf("unknown protocol %q: use %q", c.Protocol, ProtocolLongPoll))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadRootCAs reads PEM certificates from path into a new pool.
+func LoadRootCAs(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read root CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("root CA file %s holds no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+func (c *Config) tlsConfig() *tls.Config {
+	return &tls.Config{RootCAs: c.RootCAs, MinVersion: tls.VersionTLS12}
+}

@@ -1,0 +1,196 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/backoff"
+	"github.com/switchboard-relay/switchboard/internal/wire"
+)
+
+// errStop ends a response: the relay no longer wants it (400/410).
+var errStop = errors.New("relay no longer wants this response")
+
+// runLongPoll runs NumPendingRequests poll loops and waits for every request
+// they started.
+func (a *Agent) runLongPoll(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for range a.cfg.NumPendingRequests {
+		wg.Go(func() {
+			if err := a.pollLoop(ctx, &wg); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// pollLoop polls for requests and starts a handler for each; handlers join wg.
+func (a *Agent) pollLoop(ctx context.Context, wg *sync.WaitGroup) error {
+	bo := backoff.New(backoff.Policy{})
+	relay := 0
+	for ctx.Err() == nil {
+		msg, err := a.poll(ctx, a.cfg.Relays[relay])
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrUnauthorized):
+			a.setState("refused", "err", err)
+			return err
+		case errors.Is(err, errNoRequest):
+			bo.Up(time.Now())
+			a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolLongPoll)
+			continue
+		case err != nil:
+			a.setState("disconnected", "relay", a.cfg.Relays[relay].Redacted(), "err", err)
+			relay = (relay + 1) % len(a.cfg.Relays)
+			if !sleep(ctx, bo.Next(time.Now())) {
+				return nil
+			}
+			continue
+		}
+		bo.Up(time.Now())
+		a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolLongPoll)
+		base := a.cfg.Relays[relay]
+		wg.Go(func() { a.handle(ctx, base, msg) })
+	}
+	return nil
+}
+
+// errNoRequest: the poll ended without a request (408); poll again at once.
+var errNoRequest = errors.New("no request within the poll wait")
+
+// poll makes one long poll and returns the request it carried.
+func (a *Agent) poll(ctx context.Context, relay *url.URL) (*wire.Request, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.PollTimeout)
+	defer cancel()
+	u := a.endpoint(relay, "/server/request", url.Values{"server": {a.cfg.Device}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	a.authorize(req)
+	resp, err := a.relay.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusRequestTimeout:
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil, errNoRequest
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return nil, fmt.Errorf("%w: %s", ErrUnauthorized, statusMessage(resp))
+	default:
+		return nil, fmt.Errorf("poll: %s", statusMessage(resp))
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(a.cfg.MaxRequestBytes)+1))
+	if err != nil {
+		return nil, fmt.Errorf("poll: read request: %w", err)
+	}
+	msg, err := wire.UnmarshalRequest(body, a.cfg.MaxRequestBytes)
+	if err != nil {
+		return nil, fmt.Errorf("poll: %w", err)
+	}
+	return msg, nil
+}
+
+// handle forwards one request to the backend and streams the answer back.
+func (a *Agent) handle(ctx context.Context, relay *url.URL, msg *wire.Request) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	s := &responder{a: a, relay: relay, id: msg.ID, start: start}
+	breq, err := a.backendRequest(ctx, msg)
+	if err != nil {
+		s.fail(ctx, http.StatusBadRequest, "Bad request for the backend: "+err.Error())
+		return
+	}
+	resp, err := a.backend.Do(breq)
+	if err != nil {
+		s.fail(ctx, http.StatusBadGateway, "Backend request failed: "+err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		s.upgraded(ctx, resp)
+		return
+	}
+	s.stream(ctx, resp)
+}
+
+// backendRequest turns a relayed request into a request to the backend.
+func (a *Agent) backendRequest(ctx context.Context, msg *wire.Request) (*http.Request, error) {
+	in, err := url.Parse(msg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("bad url %q: %w", msg.URL, err)
+	}
+	out := *a.cfg.Backend
+	out.Path = strings.TrimSuffix(out.Path, "/") + in.Path
+	if in.RawPath != "" || out.RawPath != "" {
+		out.RawPath = strings.TrimSuffix(a.cfg.Backend.EscapedPath(), "/") + in.EscapedPath()
+	}
+	out.RawQuery = in.RawQuery
+	out.Fragment = ""
+	req, err := http.NewRequestWithContext(ctx, msg.Method, out.String(), bytes.NewReader(msg.Body))
+	if err != nil {
+		return nil, err
+	}
+	wire.AddToHTTP(req.Header, msg.Header)
+	req.ContentLength = int64(len(msg.Body))
+	if len(msg.Body) == 0 {
+		req.Body = http.NoBody
+	}
+	if a.cfg.PreserveHost && msg.Host != "" {
+		req.Host = msg.Host
+	}
+	return req, nil
+}
+
+// endpoint builds the URL of an agent endpoint on relay.
+func (a *Agent) endpoint(relay *url.URL, path string, q url.Values) string {
+	u := *relay
+	u.Path = strings.TrimSuffix(u.Path, "/") + a.cfg.RelayPrefix + path
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func (a *Agent) authorize(req *http.Request) {
+	if a.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.cfg.Token)
+	}
+	req.Header.Set(wire.InstanceHeader, a.instance)
+}
+
+// statusMessage renders a relay's error answer for logs.
+func statusMessage(resp *http.Response) string {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	return fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+}
+
+// sleep waits d or until ctx ends, reporting whether it waited the whole d.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,128 @@
+package auth
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Create makes a new token as req asks and returns its secret, the full token
+// string the bearer presents, which is not kept anywhere. Errors in req wrap
+// ErrInvalidRequest.
+func (s *Store) Create(ctx context.Context, req CreateRequest) (secret string, tok Token, err error) {
+	req, err = req.normalize()
+	if err != nil {
+		return "", Token{}, err
+	}
+	for range maxAttempts {
+		pt, err := newToken(req.Kind)
+		if err != nil {
+			return "", Token{}, fmt.Errorf("auth: create token: %w", err)
+		}
+		tok := Token{ID: pt.id, Kind: req.Kind, Name: req.Name, Devices: req.Devices, CreatedAt: now()}
+		err = s.insert(ctx, tok, hashSecret(pt.secret))
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			continue // id collision: draw another
+		}
+		if err != nil {
+			return "", Token{}, fmt.Errorf("auth: create token: %w", err)
+		}
+		s.log.Info("token created", attrTokenID, tok.ID, attrKind, tok.Kind, attrName, tok.Name)
+		return pt.String(), cloneToken(tok), nil
+	}
+	return "", Token{}, fmt.Errorf("auth: create token: no free id after %d attempts", maxAttempts)
+}
+
+// insert stores a token under a new key and caches it at once, so that this
+// relay accepts it before the watch echoes it back.
+func (s *Store) insert(ctx context.Context, tok Token, h secretHash) error {
+	data, err := encodeRecord(tok, h)
+	if err != nil {
+		return err
+	}
+	rev, err := s.kv.Create(ctx, tok.ID, data)
+	if err != nil {
+		return err
+	}
+	s.apply(tok.ID, &cached{tok: tok, hash: h}, rev)
+	return nil
+}
+
+// List returns every token this relay knows, revoked ones included, oldest
+// first. It never returns secrets or their hashes.
+func (s *Store) List(ctx context.Context) ([]Token, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	out := make([]Token, 0, len(s.entries))
+	for _, e := range s.entries {
+		if e.tok != nil {
+			out = append(out, cloneToken(e.tok.tok))
+		}
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Token) int {
+		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
+	})
+	return out, nil
+}
+
+// Revoke marks the token with the given id revoked; every relay refuses it
+// from then on. Revoking a revoked token succeeds. An unknown id yields an
+// error wrapping ErrNotFound.
+func (s *Store) Revoke(ctx context.Context, id string) error {
+	if !validID(id) {
+		return fmt.Errorf("auth: revoke %q: %w", id, ErrNotFound)
+	}
+	for range maxAttempts {
+		err := s.revokeOnce(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // changed under us: read it again
+		}
+		if err != nil {
+			return fmt.Errorf("auth: revoke %s: %w", id, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("auth: revoke %s: the record kept changing; try again", id)
+}
+
+func (s *Store) revokeOnce(ctx context.Context, id string) error {
+	e, err := s.kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
+	c, err := decodeRecord(id, e.Value())
+	if err != nil { // unusable anyway: remove it
+		return s.kv.Delete(ctx, id, jetstream.LastRevision(e.Revision()))
+	}
+	if c.tok.Revoked {
+		s.apply(id, c, e.Revision())
+		return nil
+	}
+	c.tok.Revoked, c.tok.RevokedAt = true, now()
+	data, err := encodeRecord(c.tok, c.hash)
+	if err != nil {
+		return err
+	}
+	rev, err := s.kv.Update(ctx, id, data, e.Revision())
+	if err != nil {
+		return err
+	}
+	s.apply(id, c, rev)
+	s.log.Info("token revoked", attrTokenID, id, attrKind, c.tok.Kind, attrName, c.tok.Name)
+	return nil
+}
+
+// now is the time stamped on records: UTC, to the microsecond, fine enough
+// that tokens created one after the other list in that order.
+func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }

@@ -1,0 +1,152 @@
+package broker
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/wire"
+)
+
+// Poll waits for a user request for device and hands it to the calling agent,
+// identified by agentID (its credential's id; "" when agents are anonymous).
+// It returns ErrPollTimeout after the poll wait, ErrDraining while the relay
+// shuts down, or ctx's error when the agent goes away.
+//
+// The caller must write Exchange.Message to the agent; if that write fails it
+// calls Requeue so that another poll gets the request.
+//
+// instance is the agent process's self-chosen id ("" when it sends none): when
+// its polls stop because their connections dropped, the requests it took fail
+// after AgentGoneGrace instead of waiting out the inactivity timeout.
+func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*Exchange, error) {
+	b.mu.Lock()
+	if b.draining {
+		b.mu.Unlock()
+		return nil, ErrDraining
+	}
+	d := b.deviceLocked(device)
+	d.waiting++
+	d.lastPoll = time.Now()
+	b.pollStartedLocked(instance, d.lastPoll)
+	b.mu.Unlock()
+	b.metrics.pollsWaiting.Inc()
+	defer func() {
+		b.mu.Lock()
+		d.waiting--
+		d.lastPoll = time.Now()
+		b.pollEndedLocked(instance, d.lastPoll, ctx.Err() != nil)
+		b.mu.Unlock()
+		b.metrics.pollsWaiting.Dec()
+	}()
+
+	timer := time.NewTimer(b.cfg.PollWait)
+	defer timer.Stop()
+	for {
+		select {
+		case ex := <-d.queue:
+			if b.take(ex, agentID, instance) {
+				b.metrics.pending.Dec()
+				return ex, nil
+			}
+			// The user gave up before any agent took it; look for the next one.
+		case <-timer.C:
+			return nil, ErrPollTimeout
+		case <-b.drainCh:
+			return nil, ErrDraining
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Requeue puts back a request that Poll returned but that could not be
+// written to its agent, so that another poll gets it.
+func (b *Broker) Requeue(ex *Exchange) {
+	if !ex.state.CompareAndSwap(stateTaken, stateQueued) {
+		return
+	}
+	b.mu.Lock()
+	d := b.devices[ex.Device]
+	b.mu.Unlock()
+	if d != nil {
+		select {
+		case d.queue <- ex:
+			b.metrics.pending.Inc()
+			return
+		default:
+		}
+	}
+	ex.fail(&Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: time.Second,
+		Message: "the agent for device " + quote(ex.Device) + " went away before taking the request"})
+}
+
+// Deliver hands one response chunk from the agent agentID to the user waiting
+// for it and returns once the user side has taken it (which paces the agent).
+// It returns ErrUnknownRequest when the id is unknown or the user went away,
+// and ErrNotYours when another agent credential took the request.
+func (b *Broker) Deliver(ctx context.Context, agentID string, resp *wire.Response) error {
+	ex, owner := b.lookup(resp.ID)
+	if ex == nil {
+		return ErrUnknownRequest
+	}
+	if owner != agentID {
+		return ErrNotYours
+	}
+	select {
+	case ex.chunks <- resp:
+		return nil
+	case <-ex.done:
+		return ErrUnknownRequest
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// NextUpstream returns the next bytes the user sent after a 101 upgrade of
+// request id, at most BlockSize of them. It returns (nil, nil) when nothing
+// arrived within the request stream wait, ErrStreamClosed once the user has
+// closed its side, and ErrUnknownRequest for an unknown or finished id.
+func (b *Broker) NextUpstream(ctx context.Context, agentID, id string) ([]byte, error) {
+	ex, owner := b.lookup(id)
+	if ex == nil {
+		return nil, ErrUnknownRequest
+	}
+	if owner != agentID {
+		return nil, ErrNotYours
+	}
+	timer := time.NewTimer(b.cfg.RequestStreamWait)
+	defer timer.Stop()
+	select {
+	case p := <-ex.upstream:
+		return p, nil
+	case <-ex.upClosed:
+		// Hand over what the user sent before closing, then report the close.
+		select {
+		case p := <-ex.upstream:
+			return p, nil
+		default:
+			return nil, ErrStreamClosed
+		}
+	case <-ex.done:
+		return nil, ErrUnknownRequest
+	case <-timer.C:
+		return nil, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// lookup returns the exchange with id and the agent that took it.
+func (b *Broker) lookup(id string) (*Exchange, string) {
+	if id == "" {
+		return nil, ""
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ex := b.exchanges[id]
+	if ex == nil {
+		return nil, ""
+	}
+	return ex, ex.agentID
+}

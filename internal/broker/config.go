@@ -1,0 +1,102 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config sets the broker's timeouts and limits. The zero value of every field
+// means its default, filled in by Complete.
+type Config struct {
+	// PollWait is how long an agent's poll waits for a user request before it is
+	// answered 408 and the agent polls again. Default 30 s, as the reference relay.
+	PollWait time.Duration
+	// NoAgentGrace is how long a request for a device whose agent is not
+	// connected right now waits for one to connect before the user gets 503.
+	// Default 2 s: long enough to ride out an agent's reconnect, short enough
+	// that nobody stares at a hanging browser.
+	NoAgentGrace time.Duration
+	// PickupTimeout is how long a request waits for a connected but busy agent
+	// to take it. Default 10 s.
+	PickupTimeout time.Duration
+	// InactiveRequestTimeout bounds the wait for the agent's first response
+	// chunk and for every later chunk; the user gets 504 when it passes.
+	// Default 60 s, as the reference relay's --inactive_request_timeout.
+	InactiveRequestTimeout time.Duration
+	// InactiveBackendTimeout is how long a device is remembered after its
+	// agent's last poll. A forgotten device answers 503 at once. Default 30 min,
+	// as the reference relay's --inactive_backend_timeout.
+	InactiveBackendTimeout time.Duration
+	// RequestStreamWait is how long an agent's /server/requeststream call waits
+	// for user bytes before it is answered with an empty body. Default 30 s.
+	RequestStreamWait time.Duration
+	// AgentGoneGrace is how long an agent process that identifies itself
+	// (agent.InstanceHeader) may be without a poll after its last poll's
+	// connection dropped before its requests in flight fail. Default 1 s.
+	AgentGoneGrace time.Duration
+	// MaxPendingPerDevice caps the user requests waiting for a device's agent;
+	// beyond it users get 503 with Retry-After. Default 64.
+	MaxPendingPerDevice int
+	// MaxBodyBytes caps a user request body, which the long-poll protocol
+	// carries whole; beyond it users get 413. Default 64 MiB.
+	MaxBodyBytes int64
+	// BlockSize caps the user bytes handed to an agent per requeststream call
+	// after a 101 upgrade. Default 10240, as the reference relay's --block_size.
+	BlockSize int
+	// Metrics is where the broker registers its metrics; nil registers nowhere.
+	Metrics prometheus.Registerer
+	// Logger receives the broker's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Complete fills in defaults for zero fields.
+func (c *Config) Complete() {
+	setDefault(&c.PollWait, 30*time.Second)
+	setDefault(&c.NoAgentGrace, 2*time.Second)
+	setDefault(&c.PickupTimeout, 10*time.Second)
+	setDefault(&c.InactiveRequestTimeout, 60*time.Second)
+	setDefault(&c.InactiveBackendTimeout, 30*time.Minute)
+	setDefault(&c.RequestStreamWait, 30*time.Second)
+	setDefault(&c.AgentGoneGrace, time.Second)
+	setDefault(&c.MaxPendingPerDevice, 64)
+	setDefault(&c.MaxBodyBytes, 64<<20)
+	setDefault(&c.BlockSize, 10240)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate rejects settings that cannot work.
+func (c *Config) Validate() error {
+	var errs []error
+	positive := func(name string, ok bool) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s must be positive", name))
+		}
+	}
+	positive("poll wait", c.PollWait > 0)
+	positive("no-agent grace", c.NoAgentGrace > 0)
+	positive("pickup timeout", c.PickupTimeout > 0)
+	positive("inactive request timeout", c.InactiveRequestTimeout > 0)
+	positive("inactive backend timeout", c.InactiveBackendTimeout > 0)
+	positive("request stream wait", c.RequestStreamWait > 0)
+	positive("agent gone grace", c.AgentGoneGrace > 0)
+	positive("max pending requests per device", c.MaxPendingPerDevice > 0)
+	positive("max body bytes", c.MaxBodyBytes > 0)
+	positive("block size", c.BlockSize > 0)
+	if c.InactiveRequestTimeout > 0 && c.PickupTimeout > c.InactiveRequestTimeout {
+		errs = append(errs, fmt.Errorf("pickup timeout (%v) must not exceed the inactive request timeout (%v)", c.PickupTimeout, c.InactiveRequestTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}

@@ -1,0 +1,63 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Error is a failure a user or agent should see as an HTTP status.
+type Error struct {
+	Status     int           // the HTTP status to answer with
+	Message    string        // a sentence a person can act on
+	RetryAfter time.Duration // when > 0, sent as Retry-After
+	Err        error         // the cause, if any; matched by errors.Is
+}
+
+func (e *Error) Error() string { return e.Message }
+func (e *Error) Unwrap() error { return e.Err }
+
+// HTTPStatus returns the status to answer with.
+func (e *Error) HTTPStatus() int { return e.Status }
+
+// Agent-facing errors, matched with errors.Is.
+var (
+	// ErrPollTimeout: no request arrived within the poll wait (408).
+	ErrPollTimeout = errors.New("no request within the poll wait")
+	// ErrDraining: the relay is shutting down and hands out no more requests (408 to polls, 503 to users).
+	ErrDraining = errors.New("relay is draining")
+	// ErrUnknownRequest: the request id is unknown or its user went away (400/410).
+	ErrUnknownRequest = errors.New("unknown or finished request id")
+	// ErrNotYours: the request was handed to another agent credential (403).
+	ErrNotYours = errors.New("request belongs to another agent")
+	// ErrStreamClosed: the user closed its side of an upgraded stream (410).
+	ErrStreamClosed = errors.New("user stream closed")
+	// ErrNoAgent: the device has no agent connected (503).
+	ErrNoAgent = errors.New("no agent connected")
+	// ErrTimeout: the agent did not answer in time (504).
+	ErrTimeout = errors.New("agent did not answer in time")
+)
+
+func noAgentError(device string) error {
+	return &Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: 5 * time.Second,
+		Message: fmt.Sprintf("device %q has no agent connected to this relay; start its agent or check its logs", device)}
+}
+
+func pickupError(device string, waited time.Duration) error {
+	return &Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: time.Second,
+		Message: fmt.Sprintf("no agent for device %q picked up the request within %v", device, waited.Round(time.Millisecond))}
+}
+
+func drainingError() error {
+	return &Error{Status: http.StatusServiceUnavailable, Err: ErrDraining, RetryAfter: time.Second,
+		Message: "this relay is shutting down; retry in a moment"}
+}
+
+func timeoutError(device string, d time.Duration, what string) error {
+	return &Error{Status: http.StatusGatewayTimeout, Err: ErrTimeout,
+		Message: fmt.Sprintf("the agent for device %q sent no %s within %v", device, what, d)}
+}
+
+// RetryAfterDelay returns when the client may retry, or 0.
+func (e *Error) RetryAfterDelay() time.Duration { return e.RetryAfter }

@@ -1,0 +1,134 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/node"
+)
+
+// serveFlags binds the flags of 'switchboard serve' to a node.Config.
+func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, nats *string) {
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "public `address` for users and agents (HTTP/1.1 and h2c)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", "127.0.0.1:9090", "`address` of the operator API, admin page, /metrics, /healthz and /readyz")
+	fs.StringVar(&cfg.DataDir, "data", "./switchboard-data", "data `dir`: embedded NATS store and admin token")
+	nats = fs.String("nats", "", "NATS `URLs`, comma-separated; empty starts an embedded NATS server")
+	fs.StringVar(&cfg.NATSListen, "nats-listen", "", "`address` where the embedded NATS server also accepts other relays; empty = in-process only")
+	fs.String("advertise", "", "the `URL` other relays use to reach this one (used by fleet routing)")
+	fs.String("region", "", "region `label` used by fleet ranking")
+	port = fs.Int("port", 0, "alias of --listen :`PORT` (compatibility with the reference relay)")
+	fs.IntVar(&cfg.Broker.BlockSize, "block_size", 10240, "most user `bytes` handed to a long-poll agent per requeststream call")
+	fs.DurationVar(&cfg.Broker.InactiveRequestTimeout, "inactive_request_timeout", 60*time.Second, "504 when a long-poll agent sends nothing for this `long`")
+	fs.DurationVar(&cfg.Broker.InactiveBackendTimeout, "inactive_backend_timeout", 30*time.Minute, "forget a device whose agent has not polled for this `long`")
+	fs.DurationVar(&cfg.Broker.NoAgentGrace, "no-agent-grace", 2*time.Second, "how `long` a request for a device with no agent connected waits for one")
+	fs.DurationVar(&cfg.Broker.PickupTimeout, "pickup-timeout", 10*time.Second, "how `long` a request waits for a connected but busy long-poll agent")
+	fs.IntVar(&cfg.Broker.MaxPendingPerDevice, "max-pending-per-device", 64, "user `requests` that may wait for one device's agent; more get 503")
+	fs.Int64Var(&cfg.Broker.MaxBodyBytes, "max-request-body", 64<<20, "largest user request body in `bytes` for long-poll agents; larger gets 413")
+	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block in `bytes`")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 25*time.Second, "how `long` a graceful shutdown lets requests and streams finish")
+	fs.BoolVar(&cfg.AllowAnonymousUsers, "allow-anonymous-users", false, "users need no token (local demos, or an authenticating proxy in front)")
+	fs.BoolVar(&cfg.AllowAnonymousAgents, "allow-anonymous-agents", false, "agents need no token (reference agents behind an authenticating ingress)")
+	logf.register(fs)
+	return port, nats
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve", stderr)
+	var cfg node.Config
+	var logf logFlags
+	port, nats := serveFlags(fs, &cfg, &logf)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *port != 0 {
+		cfg.Listen = ":" + strconv.Itoa(*port)
+	}
+	cfg.NATS = splitList(*nats)
+	cfg.Version = Version
+	logger, err := logf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = logger
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+
+	n, err := node.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "switchboard relay listening on %s (admin %s)\nadmin token: %s\n", n.Addr(), n.AdminAddr(), n.AdminTokenPath())
+	select {
+	case <-ctx.Done():
+		return n.Close()
+	case err := <-n.Errors():
+		n.Close()
+		return err
+	case sig := <-sigs:
+		logger.Info("signal received: draining; send it again to stop at once", "signal", sig.String())
+	}
+	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- n.Shutdown(drainCtx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			logger.Warn("drain ended at its deadline", "err", err)
+		}
+	case <-sigs:
+		logger.Warn("second signal: stopping now")
+		cancel()
+		<-done
+	}
+	return nil
+}
+
+// logFlags are the logging flags shared by the long-running commands.
+type logFlags struct {
+	level  string
+	format string
+}
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.level, "log-level", "info", "log `level`: debug, info, warn or error")
+	fs.StringVar(&l.format, "log-format", "text", "log `format`: text or json")
+}
+
+func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, usageErrorf("--log-level %q: use debug, info, warn or error", l.level)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch l.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, usageErrorf("--log-format %q: use text or json", l.format)
+	}
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}

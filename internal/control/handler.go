@@ -1,0 +1,232 @@
+package control
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/switchboard-relay/switchboard/internal/auth"
+)
+
+// Log attribute keys used by this package.
+const (
+	attrComponent = "component"
+	attrTokenID   = "token_id"
+	attrError     = "error"
+)
+
+// adminTokenHint tells a person where the admin token is.
+const adminTokenHint = "use the admin token in <data>/admin.token on a relay (written on its first start)"
+
+// Config is what the admin listener's handler serves.
+type Config struct {
+	// Tokens checks the admin bearer token and holds the tokens the API
+	// manages. Without it the operator API answers 503.
+	Tokens *auth.Store
+	// Metrics is served at /metrics. Nil serves an empty registry.
+	Metrics *prometheus.Registry
+	// Ready reports whether the relay is serving; /readyz answers 503
+	// "not ready" while it is false. Nil means always ready.
+	Ready func() bool
+	// Draining reports whether the relay is draining; /readyz answers 503
+	// "draining" while it is true. Nil means never draining.
+	Draining func() bool
+	// Logger receives API failures. Nil discards.
+	Logger *slog.Logger
+}
+
+type handler struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// NewHandler returns the admin listener's handler: GET /healthz, /readyz and
+// /metrics openly, and the operator API under /api/v1/ for the admin token.
+func NewHandler(cfg Config) http.Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
+	h := &handler{cfg: cfg, log: cfg.Logger.With(attrComponent, "control")}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+PathHealthz, h.healthz)
+	mux.HandleFunc("GET "+PathReadyz, h.readyz)
+	mux.Handle("GET "+PathMetrics, promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}))
+	mux.Handle("POST "+PathTokens, h.admin(h.createToken))
+	mux.Handle("GET "+PathTokens, h.admin(h.listTokens))
+	mux.Handle("DELETE "+PathTokens+"/{id}", h.admin(h.revokeToken))
+	return mux
+}
+
+func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeText(w, http.StatusOK, "ok")
+}
+
+func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
+	switch {
+	case h.cfg.Draining != nil && h.cfg.Draining():
+		writeText(w, http.StatusServiceUnavailable, "draining")
+	case h.cfg.Ready != nil && !h.cfg.Ready():
+		writeText(w, http.StatusServiceUnavailable, "not ready")
+	default:
+		writeText(w, http.StatusOK, "ready")
+	}
+}
+
+// admin lets a request through to next only with a valid admin bearer token.
+func (h *handler) admin(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h.cfg.Tokens == nil {
+			writeError(w, http.StatusServiceUnavailable, "the token store is not available on this relay")
+			return
+		}
+		_, err := h.cfg.Tokens.AuthenticateKind(bearerToken(r), auth.KindAdmin)
+		switch {
+		case err == nil:
+			next(w, r)
+		case errors.Is(err, auth.ErrWrongKind):
+			writeError(w, http.StatusForbidden, "the operator API needs an admin token, not an agent or user token: "+adminTokenHint)
+		case errors.Is(err, auth.ErrNoToken):
+			w.Header().Set("WWW-Authenticate", `Bearer realm="switchboard"`)
+			writeError(w, http.StatusUnauthorized, "missing admin token: send 'Authorization: Bearer <token>'; "+adminTokenHint)
+		default:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="switchboard", error="invalid_token"`)
+			writeError(w, http.StatusUnauthorized, "invalid admin token (unknown, revoked or malformed): "+adminTokenHint)
+		}
+	})
+}
+
+// bearerToken returns the token of an "Authorization: Bearer <token>" header,
+// or "" when there is none.
+func bearerToken(r *http.Request) string {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
+}
+
+func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
+	var req TokenRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if req.Kind != auth.KindAgent && req.Kind != auth.KindUser {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(`"kind" is %q; it must be "agent" or "user"`, req.Kind))
+		return
+	}
+	secret, tok, err := h.cfg.Tokens.Create(r.Context(), auth.CreateRequest{Kind: req.Kind, Name: req.Name, Devices: req.Devices})
+	if errors.Is(err, auth.ErrInvalidRequest) {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err != nil {
+		h.log.Error("creating a token", attrError, err)
+		writeError(w, http.StatusInternalServerError, "creating the token failed: "+err.Error())
+		return
+	}
+	w.Header().Set("Location", PathTokens+"/"+tok.ID)
+	writeJSON(w, http.StatusCreated, CreatedToken{
+		ID: tok.ID, Token: secret, Kind: tok.Kind, Name: tok.Name,
+		Devices: nonNil(tok.Devices), CreatedAt: tok.CreatedAt,
+	})
+}
+
+func (h *handler) listTokens(w http.ResponseWriter, r *http.Request) {
+	toks, err := h.cfg.Tokens.List(r.Context())
+	if err != nil {
+		h.log.Error("listing tokens", attrError, err)
+		writeError(w, http.StatusInternalServerError, "listing tokens failed: "+err.Error())
+		return
+	}
+	out := make([]Token, len(toks))
+	for i, t := range toks {
+		out[i] = tokenFromAuth(t)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *handler) revokeToken(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	err := h.cfg.Tokens.Revoke(r.Context(), id)
+	if errors.Is(err, auth.ErrNotFound) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no token has id %q; list them with GET %s", id, PathTokens))
+		return
+	}
+	if err != nil {
+		h.log.Error("revoking a token", attrTokenID, id, attrError, err)
+		writeError(w, http.StatusInternalServerError, "revoking the token failed: "+err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// httpError is a failure that has its HTTP status.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// decodeJSON reads one JSON object of at most MaxBodyBytes into v, rejecting
+// unknown fields and trailing data.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && !errors.Is(dec.Decode(new(json.RawMessage)), io.EOF) {
+		err = errors.New("data after the JSON object")
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooLarge):
+		return &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes)}
+	case errors.Is(err, io.EOF):
+		return &httpError{http.StatusBadRequest, `empty request body: send a JSON object such as {"kind":"agent","devices":["robot-1"]}`}
+	default:
+		return &httpError{http.StatusBadRequest, "malformed JSON request body: " + err.Error()}
+	}
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	var he *httpError
+	if errors.As(err, &he) {
+		writeError(w, he.status, he.msg)
+		return
+	}
+	writeError(w, http.StatusInternalServerError, err.Error())
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, errorBody{Error: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the status is sent; a failed write has no one to tell
+}
+
+func writeText(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, msg+"\n")
+}

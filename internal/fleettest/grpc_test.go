@@ -1,0 +1,101 @@
+package fleettest
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/auth"
+)
+
+// startGRPC serves the standard health service on a loopback port (h2c).
+func startGRPC(t *testing.T) (addr string, hs *health.Server) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	hs = health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String(), hs
+}
+
+func TestGRPCThroughRelay(t *testing.T) {
+	r := StartRelay(t)
+	addr, hs := startGRPC(t)
+	hs.SetServingStatus("robot.Arm", healthpb.HealthCheckResponse_SERVING)
+	StartAgent(t, r, "grpc-dev", "http://"+addr, r.Token(t, auth.KindAgent, "grpc agent", "grpc-dev"),
+		func(c *agent.Config) { c.BackendH2C = true })
+	r.WaitDevice(t, "grpc-dev")
+	user := r.Token(t, auth.KindUser, "alice", "grpc-dev")
+
+	conn, err := grpc.NewClient(strings.TrimPrefix(r.URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "grpc-dev", "x-switchboard-token", user)
+
+	t.Run("unary", func(t *testing.T) {
+		resp, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "robot.Arm"})
+		if err != nil {
+			t.Fatalf("Check: %v", err)
+		}
+		if resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("status %v", resp.Status)
+		}
+	})
+	t.Run("unary error status (trailers-only)", func(t *testing.T) {
+		_, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "no.Such"})
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("Check of an unknown service: %v, want NotFound", err)
+		}
+	})
+	t.Run("server streaming", func(t *testing.T) {
+		stream, err := client.Watch(ctx, &healthpb.HealthCheckRequest{Service: "robot.Arm"})
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		want := []healthpb.HealthCheckResponse_ServingStatus{
+			healthpb.HealthCheckResponse_SERVING,
+			healthpb.HealthCheckResponse_NOT_SERVING,
+			healthpb.HealthCheckResponse_SERVING,
+		}
+		for i, w := range want {
+			if i > 0 {
+				hs.SetServingStatus("robot.Arm", w) // only after the previous message arrived
+			}
+			msg, err := stream.Recv()
+			if err != nil {
+				t.Fatalf("message %d: %v", i, err)
+			}
+			if msg.Status != w {
+				t.Fatalf("message %d: %v, want %v", i, msg.Status, w)
+			}
+		}
+	})
+	t.Run("unauthorized", func(t *testing.T) {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "x-server-name", "grpc-dev")
+		_, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "robot.Arm"})
+		if status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("Check without a token: %v, want Unauthenticated", err)
+		}
+	})
+}

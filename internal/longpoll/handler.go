@@ -1,0 +1,224 @@
+// Package longpoll serves the agent side of the http-relay long-poll protocol
+// on a relay: GET /server/request, POST /server/response and
+// POST /server/requeststream. It translates HTTP to calls on the broker and
+// the broker's errors back to the status codes that the protocol's agents
+// expect. It knows nothing about listeners or users.
+package longpoll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/wire"
+)
+
+// AgentAuthorizer decides whether the agent making r may serve device. It
+// returns the id of the agent's credential ("" for anonymous agents) or an
+// error carrying an HTTP status (401 or 403) via an HTTPStatus() int method.
+type AgentAuthorizer func(r *http.Request, device string) (agentID string, err error)
+
+// Config configures the handler.
+type Config struct {
+	// Broker matches requests with polls. Required.
+	Broker *broker.Broker
+	// Authorize checks agents. Required; use AllowAll for anonymous agents.
+	Authorize AgentAuthorizer
+	// MaxChunkBytes caps one posted HttpResponse message. Default 16 MiB
+	// (the reference agent posts at most 1 MiB of body per chunk).
+	MaxChunkBytes int
+	// Logger receives the handler's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// AllowAll is an AgentAuthorizer that lets every agent serve every device.
+func AllowAll(*http.Request, string) (string, error) { return "", nil }
+
+// Handler serves the long-poll protocol's agent endpoints.
+type Handler struct {
+	cfg Config
+	mux *http.ServeMux
+}
+
+// NewHandler returns the handler for the paths under /server/.
+func NewHandler(cfg Config) *Handler {
+	if cfg.MaxChunkBytes <= 0 {
+		cfg.MaxChunkBytes = 16 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
+	h.mux.HandleFunc("GET /server/request", h.request)
+	h.mux.HandleFunc("POST /server/response", h.response)
+	h.mux.HandleFunc("POST /server/requeststream", h.requestStream)
+	h.mux.HandleFunc("/server/", func(w http.ResponseWriter, r *http.Request) {
+		textError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not an agent endpoint of this relay (GET /server/request, POST /server/response, POST /server/requeststream)", r.Method, r.URL.Path))
+	})
+	return h
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// request is the long poll: it answers with one user request for the device.
+func (h *Handler) request(w http.ResponseWriter, r *http.Request) {
+	device := r.URL.Query().Get("server")
+	if device == "" {
+		textError(w, http.StatusBadRequest, "missing the server query parameter naming the device: /server/request?server=<device>")
+		return
+	}
+	agentID, err := h.cfg.Authorize(r, device)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	ex, err := h.cfg.Broker.Poll(r.Context(), device, agentID, r.Header.Get(wire.InstanceHeader))
+	switch {
+	case errors.Is(err, broker.ErrPollTimeout):
+		textError(w, http.StatusRequestTimeout, "no request for this device within the poll wait; poll again")
+		return
+	case errors.Is(err, broker.ErrDraining):
+		textError(w, http.StatusRequestTimeout, "this relay is shutting down; poll again")
+		return
+	case err != nil:
+		return // the agent went away
+	}
+	w.Header().Set("Content-Type", wire.ContentTypeRequest)
+	if _, err := w.Write(ex.Message()); err != nil {
+		h.cfg.Broker.Requeue(ex)
+		return
+	}
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		h.cfg.Broker.Requeue(ex)
+	}
+}
+
+// response takes one chunk of an agent's response.
+func (h *Handler) response(w http.ResponseWriter, r *http.Request) {
+	body, err := readLimited(r.Body, h.cfg.MaxChunkBytes)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	msg, err := wire.UnmarshalResponse(body, h.cfg.MaxChunkBytes)
+	if err != nil {
+		textError(w, http.StatusBadRequest, "cannot decode the HttpResponse: "+err.Error())
+		return
+	}
+	device, ok := deviceOfID(msg.ID)
+	if !ok {
+		textError(w, http.StatusBadRequest, "the HttpResponse has no valid id (want <device>:<hex>)")
+		return
+	}
+	agentID, err := h.cfg.Authorize(r, device)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := h.cfg.Broker.Deliver(r.Context(), agentID, msg); err != nil {
+		writeAgentError(w, err, http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, "ok")
+}
+
+// requestStream hands the user's bytes after a 101 upgrade to the agent.
+func (h *Handler) requestStream(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("id")
+	if id == "" {
+		textError(w, http.StatusBadRequest, "missing the id query parameter: /server/requeststream?id=<request id>")
+		return
+	}
+	device, ok := deviceOfID(id)
+	if !ok {
+		textError(w, http.StatusBadRequest, "malformed request id (want <device>:<hex>)")
+		return
+	}
+	agentID, err := h.cfg.Authorize(r, device)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	p, err := h.cfg.Broker.NextUpstream(r.Context(), agentID, id)
+	if err != nil {
+		writeAgentError(w, err, http.StatusGone)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-data")
+	w.Write(p)
+}
+
+// deviceOfID returns the device part of a request id "<device>:<hex>".
+func deviceOfID(id string) (string, bool) {
+	i := strings.LastIndexByte(id, ':')
+	if i <= 0 || i == len(id)-1 {
+		return "", false
+	}
+	return id[:i], true
+}
+
+// writeAgentError maps broker errors to the protocol's statuses; unknown
+// requests get gone (400 for responses, 410 for request streams).
+func writeAgentError(w http.ResponseWriter, err error, gone int) {
+	switch {
+	case errors.Is(err, broker.ErrUnknownRequest):
+		textError(w, gone, "unknown or finished request id: the user went away or the request timed out")
+	case errors.Is(err, broker.ErrStreamClosed):
+		textError(w, http.StatusGone, "the user closed its side of the stream")
+	case errors.Is(err, broker.ErrNotYours):
+		textError(w, http.StatusForbidden, "this request was handed to another agent credential")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The agent went away; nobody reads the answer.
+	default:
+		writeError(w, err)
+	}
+}
+
+// statusError is an error that knows its HTTP status.
+type statusError interface {
+	error
+	HTTPStatus() int
+}
+
+// tooLarge reports a posted message beyond the chunk limit.
+type tooLarge struct{ limit int }
+
+func (e *tooLarge) Error() string {
+	return fmt.Sprintf("the posted message exceeds the relay's %d-byte chunk limit; lower the agent's --max_chunk_size", e.limit)
+}
+func (e *tooLarge) HTTPStatus() int { return http.StatusRequestEntityTooLarge }
+
+func readLimited(r io.Reader, limit int) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, &broker.Error{Status: http.StatusBadRequest, Message: "could not read the posted body: " + err.Error(), Err: err}
+	}
+	if len(b) > limit {
+		return nil, &tooLarge{limit: limit}
+	}
+	return b, nil
+}
+
+// writeError answers with err's status, or 500.
+func writeError(w http.ResponseWriter, err error) {
+	var se statusError
+	if errors.As(err, &se) {
+		textError(w, se.HTTPStatus(), se.Error())
+		return
+	}
+	textError(w, http.StatusInternalServerError, err.Error())
+}
+
+func textError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	io.WriteString(w, msg+"\n")
+}

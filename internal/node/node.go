@@ -1,0 +1,232 @@
+// Package node runs one relay node: it opens the fleet store (embedded NATS
+// or an external one), the credentials, the long-poll broker, the public
+// listener and the admin listener, and stops them gracefully (drain) or at
+// once.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/control"
+	"github.com/switchboard-relay/switchboard/internal/longpoll"
+	"github.com/switchboard-relay/switchboard/internal/relay"
+	"github.com/switchboard-relay/switchboard/internal/store"
+)
+
+// Node is a running relay node.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	store    *store.Store
+	tokens   *auth.Store
+	broker   *broker.Broker
+	registry *prometheus.Registry
+	public   *http.Server
+	admin    *http.Server
+	publicLn net.Listener
+	adminLn  net.Listener
+	ready    atomic.Bool
+	wg       sync.WaitGroup
+	errc     chan error // serve failures, buffered
+	stopOnce sync.Once
+}
+
+// Start opens everything cfg names and starts serving. Call Shutdown or
+// Close to stop.
+func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+	cfg.Complete()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	n = &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2)}
+	defer func() {
+		if err != nil {
+			n.closeResources()
+		}
+	}()
+	n.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := n.openState(ctx); err != nil {
+		return nil, err
+	}
+	bcfg := cfg.Broker
+	bcfg.Metrics, bcfg.Logger = n.registry, n.log
+	if n.broker, err = broker.New(bcfg); err != nil {
+		return nil, err
+	}
+	if err := n.listen(); err != nil {
+		return nil, err
+	}
+	n.ready.Store(true)
+	n.serve(n.public, n.publicLn)
+	n.serve(n.admin, n.adminLn)
+	n.log.Info("relay serving", "listen", n.publicLn.Addr().String(), "admin", n.adminLn.Addr().String(), "version", cfg.Version)
+	return n, nil
+}
+
+// openState opens the store and the credentials, and the admin token.
+func (n *Node) openState(ctx context.Context) error {
+	var err error
+	n.store, err = store.Open(ctx, store.Config{DataDir: n.cfg.DataDir, URLs: n.cfg.NATS, Listen: n.cfg.NATSListen, Logger: n.log})
+	if err != nil {
+		return fmt.Errorf("open fleet store: %w", err)
+	}
+	kv, err := n.store.KeyValue(ctx, auth.Bucket)
+	if err != nil {
+		return fmt.Errorf("open token bucket: %w", err)
+	}
+	if n.tokens, err = auth.Open(ctx, kv, n.log); err != nil {
+		return fmt.Errorf("open tokens: %w", err)
+	}
+	path := n.cfg.AdminTokenPath()
+	created, err := n.tokens.EnsureAdminToken(ctx, path)
+	if err != nil {
+		return err
+	}
+	if created {
+		n.log.Info("wrote a new admin token; use it with 'switchboard ctl' or as 'Authorization: Bearer' on the admin listener", "path", path)
+	}
+	if n.cfg.AllowAnonymousUsers {
+		n.log.Warn("ANONYMOUS USERS ALLOWED: anyone who reaches this relay can use every device (--allow-anonymous-users)")
+	}
+	if n.cfg.AllowAnonymousAgents {
+		n.log.Warn("ANONYMOUS AGENTS ALLOWED: anyone who reaches this relay can serve any device name (--allow-anonymous-agents)")
+	}
+	return nil
+}
+
+// listen opens both listeners and builds their servers.
+func (n *Node) listen() error {
+	var err error
+	if n.publicLn, err = net.Listen("tcp", n.cfg.Listen); err != nil {
+		return fmt.Errorf("public listener: %w", err)
+	}
+	if n.adminLn, err = net.Listen("tcp", n.cfg.AdminListen); err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	agents := longpoll.NewHandler(longpoll.Config{
+		Broker:        n.broker,
+		Authorize:     n.authorizeAgent,
+		MaxChunkBytes: n.cfg.MaxChunkBytes,
+		Logger:        n.log,
+	})
+	public := relay.NewHandler(relay.Config{
+		Transport:     n.broker,
+		Agents:        agents,
+		AuthorizeUser: n.authorizeUser,
+		Ready:         n.ready.Load,
+		Logger:        n.log,
+	})
+	n.public = n.newServer(public)
+	n.public.Protocols = new(http.Protocols)
+	n.public.Protocols.SetHTTP1(true)
+	n.public.Protocols.SetUnencryptedHTTP2(true)
+	n.admin = n.newServer(control.NewHandler(control.Config{
+		Tokens:  n.tokens,
+		Metrics: n.registry,
+		Ready:   n.ready.Load,
+		Logger:  n.log,
+	}))
+	return nil
+}
+
+func (n *Node) newServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		MaxHeaderBytes:    n.cfg.MaxHeaderBytes,
+		ReadHeaderTimeout: n.cfg.ReadHeaderTimeout,
+		IdleTimeout:       n.cfg.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
+	}
+}
+
+func (n *Node) serve(srv *http.Server, ln net.Listener) {
+	n.wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.errc <- err
+		}
+	})
+}
+
+// Addr returns the public listener's address.
+func (n *Node) Addr() string { return n.publicLn.Addr().String() }
+
+// AdminAddr returns the admin listener's address.
+func (n *Node) AdminAddr() string { return n.adminLn.Addr().String() }
+
+// AdminTokenPath returns the path of the admin token file.
+func (n *Node) AdminTokenPath() string { return n.cfg.AdminTokenPath() }
+
+// Tokens returns the node's credential store.
+func (n *Node) Tokens() *auth.Store { return n.tokens }
+
+// Errors delivers a listener's failure while the node runs.
+func (n *Node) Errors() <-chan error { return n.errc }
+
+// Shutdown drains the node: /readyz turns false, polls end and no request is
+// handed to an agent any more, in-flight requests and streams run to the end
+// until ctx ends, at which point whatever is left is cut. Then everything is
+// closed.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.ready.Store(false)
+	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout)
+	n.broker.Drain()
+	errPublic := n.public.Shutdown(ctx)
+	errWait := n.broker.Wait(ctx)
+	if errPublic != nil || errWait != nil {
+		n.log.Warn("drain deadline passed; cutting what is left")
+	}
+	n.Close()
+	if errPublic != nil || errWait != nil {
+		return fmt.Errorf("drain: %w", errors.Join(errPublic, errWait))
+	}
+	n.log.Info("relay stopped")
+	return nil
+}
+
+// Close stops the node at once, cutting whatever is in flight.
+func (n *Node) Close() error {
+	n.ready.Store(false)
+	n.stopOnce.Do(func() {
+		if n.broker != nil {
+			n.broker.Close()
+		}
+		n.public.Close()
+		n.admin.Close()
+		n.wg.Wait()
+		n.closeResources()
+	})
+	return nil
+}
+
+// closeResources closes what openState and listen opened.
+func (n *Node) closeResources() {
+	if n.broker != nil {
+		n.broker.Close()
+	}
+	for _, ln := range []net.Listener{n.publicLn, n.adminLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+	if n.tokens != nil {
+		n.tokens.Close()
+	}
+	if n.store != nil {
+		n.store.Close()
+	}
+}
+
+// Devices reports the device names with a long-poll agent seen recently.
+func (n *Node) Devices() []string { return n.broker.Devices() }

@@ -1,0 +1,188 @@
+// Package relay serves a relay's public listener: it finds the device each
+// user request is for, checks the user's credential, and forwards the request
+// through a transport (the long-poll broker) with httputil.ReverseProxy; the
+// agent endpoints under /server/ go to the agent handler. It knows nothing of
+// listeners, TLS or NATS.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// UserAuthorizer decides whether the user making r may use device. It returns
+// an error carrying an HTTP status (401 or 403) via an HTTPStatus() int
+// method when not. Credentials it consumed must be removed from r.Header so
+// that they are not forwarded to the device.
+type UserAuthorizer func(r *http.Request, device string) error
+
+// Config configures the public handler.
+type Config struct {
+	// Transport carries a request to the device named by its URL's host. Required.
+	Transport http.RoundTripper
+	// Agents serves the agent endpoints under /server/. Required.
+	Agents http.Handler
+	// AuthorizeUser checks users; nil lets everyone in.
+	AuthorizeUser UserAuthorizer
+	// Ready reports whether the relay takes new work; nil means always.
+	Ready func() bool
+	// Logger receives the handler's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Handler is the public listener's handler.
+type Handler struct {
+	cfg   Config
+	proxy *httputil.ReverseProxy
+}
+
+type targetKey struct{}
+
+// NewHandler returns the public handler.
+func NewHandler(cfg Config) *Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{cfg: cfg}
+	h.proxy = &httputil.ReverseProxy{
+		Rewrite:      rewrite,
+		Transport:    cfg.Transport,
+		ErrorHandler: h.proxyError,
+		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+	}
+	return h
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t, named, err := ParseTarget(r.URL, r.Header)
+	switch {
+	case err != nil:
+		writeError(w, err)
+		return
+	case !named:
+		h.serveLocal(w, r)
+		return
+	case named && !strings.HasPrefix(r.URL.Path, "/client") && isLocalPath(r.URL.Path):
+		// In header mode the relay's own paths are never forwarded.
+		h.serveLocal(w, r)
+		return
+	}
+	if h.cfg.AuthorizeUser != nil {
+		if err := h.cfg.AuthorizeUser(r, t.Device); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	stripH2CUpgrade(r.Header)
+	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, t))
+	h.proxy.ServeHTTP(w, r)
+}
+
+// isLocalPath reports whether path is one of the relay's own.
+func isLocalPath(path string) bool {
+	return path == "/healthz" || path == "/readyz" || path == "/metrics" || strings.HasPrefix(path, "/server/")
+}
+
+// serveLocal serves the relay's own paths on the public listener.
+func (h *Handler) serveLocal(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case strings.HasPrefix(r.URL.Path, "/server/"):
+		h.cfg.Agents.ServeHTTP(w, r)
+	case r.URL.Path == "/healthz":
+		io.WriteString(w, "ok\n")
+	case r.URL.Path == "/readyz":
+		if h.cfg.Ready != nil && !h.cfg.Ready() {
+			textError(w, http.StatusServiceUnavailable, "draining")
+			return
+		}
+		io.WriteString(w, "ready\n")
+	default:
+		textError(w, http.StatusBadRequest, "no device named: use /client/<device>/<path> or the X-Server-Name header")
+	}
+}
+
+// rewrite points the outgoing request at the device: the URL's host is the
+// device name, which the transport reads.
+func rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(targetKey{}).(Target)
+	out := pr.Out
+	out.URL.Scheme = "http"
+	out.URL.Host = t.Device
+	out.URL.Path = t.Path
+	out.URL.RawPath = t.RawPath
+	out.Host = pr.In.Host
+	pr.SetXForwarded()
+}
+
+// stripH2CUpgrade drops an "Upgrade: h2c" offer: the relay serves HTTP/2
+// cleartext with prior knowledge only (RFC 9113 deprecated the upgrade), and a
+// client offering it carries on with HTTP/1.1 when it is ignored.
+func stripH2CUpgrade(h http.Header) {
+	if !strings.EqualFold(h.Get("Upgrade"), "h2c") {
+		return
+	}
+	h.Del("Upgrade")
+	h.Del("Http2-Settings")
+	var keep []string
+	for _, v := range h.Values("Connection") {
+		for _, tok := range strings.Split(v, ",") {
+			tok = strings.TrimSpace(tok)
+			if tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
+				keep = append(keep, tok)
+			}
+		}
+	}
+	h.Del("Connection")
+	if len(keep) > 0 {
+		h.Set("Connection", strings.Join(keep, ", "))
+	}
+}
+
+// proxyError answers a failed forward with the error's own status.
+func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // the user went away
+	}
+	h.cfg.Logger.Debug("forward failed", "device", r.URL.Host, "err", err)
+	writeError(w, err)
+}
+
+// statusError is an error that knows its HTTP status.
+type statusError interface {
+	error
+	HTTPStatus() int
+}
+
+// retryAfter is implemented by errors that suggest when to come back.
+type retryAfterError interface {
+	RetryAfterDelay() time.Duration
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var se statusError
+	if !errors.As(err, &se) {
+		textError(w, http.StatusBadGateway, fmt.Sprintf("forwarding failed: %v", err))
+		return
+	}
+	var ra retryAfterError
+	if errors.As(err, &ra) && ra.RetryAfterDelay() > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((ra.RetryAfterDelay()+time.Second-1)/time.Second)))
+	}
+	textError(w, se.HTTPStatus(), se.Error())
+}
+
+func textError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	io.WriteString(w, msg+"\n")
+}

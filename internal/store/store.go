@@ -1,0 +1,225 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Log attribute keys used by this package.
+const (
+	attrURL       = "nats_url"
+	attrComponent = "component"
+	attrSubject   = "subject"
+	attrError     = "error"
+)
+
+// Timeouts that bound the store's lifecycle.
+const (
+	readyTimeout = 10 * time.Second // embedded server start, incl. JetStream recovery
+	drainTimeout = 5 * time.Second  // flushing the connection on Close
+)
+
+// ErrClosed is returned by methods called after Close.
+var ErrClosed = errors.New("store closed")
+
+// ErrNoJetStream is returned by Open when the NATS server does not offer JetStream.
+var ErrNoJetStream = errors.New("NATS server has JetStream disabled")
+
+// Store is a live connection to the NATS JetStream that holds the fleet state,
+// and, in embedded mode, the NATS server itself. It is safe for concurrent use.
+type Store struct {
+	cfg Config
+	log *slog.Logger
+
+	ns        *server.Server // nil with external NATS
+	clientURL string         // where other relays reach ns; empty if nowhere
+	nc        *nats.Conn
+	js        jetstream.JetStream
+
+	connected  atomic.Bool   // false between a disconnect and the next reconnect
+	closing    atomic.Bool   // set by Close, silences connection callbacks
+	connClosed chan struct{} // closed by the connection's ClosedHandler
+
+	closeOnce sync.Once
+	closeErr  error // set once by Close
+}
+
+// Open completes and validates cfg, then connects to the fleet state: it
+// starts the embedded NATS server when cfg.URLs is empty, or connects to the
+// external servers otherwise. It fails if JetStream is not available.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	cfg.Complete()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		cfg:        cfg,
+		log:        cfg.Logger.With(attrComponent, "store"),
+		connClosed: make(chan struct{}),
+	}
+	if err := s.open(ctx); err != nil {
+		s.shutdown()
+		return nil, fmt.Errorf("store: open: %w", err)
+	}
+	return s, nil
+}
+
+func (s *Store) open(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	opts := s.connOptions()
+	url := strings.Join(s.cfg.URLs, ",")
+	if len(s.cfg.URLs) == 0 {
+		ns, err := startEmbedded(s.cfg, s.log)
+		if err != nil {
+			return err
+		}
+		s.ns, s.clientURL = ns, clientURL(ns)
+		url = s.clientURL
+		if url == "" {
+			opts = append(opts, nats.InProcessServer(ns))
+		}
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return fmt.Errorf("connecting to NATS at %s: %w", displayURL(url), err)
+	}
+	s.nc = nc
+	s.connected.Store(true)
+	return s.openJetStream(ctx)
+}
+
+// openJetStream makes the JetStream context and checks that the server offers it.
+func (s *Store) openJetStream(ctx context.Context) error {
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return err
+	}
+	s.js = js
+	_, err = js.AccountInfo(ctx)
+	switch {
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		return fmt.Errorf("%w: start nats-server with -js (or jetstream {} in its config)", ErrNoJetStream)
+	case err != nil:
+		return fmt.Errorf("checking JetStream: %w", err)
+	}
+	return nil
+}
+
+func displayURL(url string) string {
+	if url == "" {
+		return "the embedded server"
+	}
+	return url
+}
+
+// connOptions are the NATS client options: reconnect forever, and log each
+// disconnect and reconnect once.
+func (s *Store) connOptions() []nats.Option {
+	return []nats.Option{
+		nats.Name("switchboard " + s.cfg.ServerName),
+		nats.MaxReconnects(-1),
+		nats.DrainTimeout(drainTimeout),
+		nats.DisconnectErrHandler(s.onDisconnect),
+		nats.ReconnectHandler(s.onReconnect),
+		nats.ClosedHandler(func(*nats.Conn) { close(s.connClosed) }),
+		nats.ErrorHandler(s.onAsyncError),
+	}
+}
+
+func (s *Store) onDisconnect(_ *nats.Conn, err error) {
+	if s.closing.Load() || !s.connected.CompareAndSwap(true, false) {
+		return
+	}
+	s.log.Warn("lost connection to NATS; fleet state is read-only until it returns", attrError, err)
+}
+
+func (s *Store) onReconnect(nc *nats.Conn) {
+	if s.closing.Load() || !s.connected.CompareAndSwap(false, true) {
+		return
+	}
+	s.log.Info("reconnected to NATS", attrURL, nc.ConnectedUrlRedacted())
+}
+
+func (s *Store) onAsyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
+	if s.closing.Load() {
+		return
+	}
+	subject := ""
+	if sub != nil {
+		subject = sub.Subject
+	}
+	s.log.Warn("NATS asynchronous error", attrSubject, subject, attrError, err)
+}
+
+// JetStream returns the JetStream context of the store's connection.
+func (s *Store) JetStream() jetstream.JetStream { return s.js }
+
+// Conn returns the store's NATS connection, for fleet-wide signals on plain
+// subjects. The caller must not close it.
+func (s *Store) Conn() *nats.Conn { return s.nc }
+
+// ClientURL returns the nats:// URL at which the embedded server accepts
+// other relays, or "" when it accepts none (in-process only, or external NATS).
+func (s *Store) ClientURL() string { return s.clientURL }
+
+// KeyValue returns the key-value bucket named bucket, creating it, or updating
+// its configuration, as needed. The bucket keeps the latest value of each key.
+func (s *Store) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+	if s.closing.Load() {
+		return nil, fmt.Errorf("store: bucket %s: %w", bucket, ErrClosed)
+	}
+	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:   bucket,
+		History:  1,
+		Replicas: s.cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+// Close flushes and closes the connection and, in embedded mode, shuts the
+// NATS server down and waits until it has stopped. It is safe to call more
+// than once; later calls return the first call's result.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closing.Store(true)
+		s.closeErr = s.shutdown()
+	})
+	return s.closeErr
+}
+
+// shutdown drains the connection, if any, and stops the embedded server, if any.
+func (s *Store) shutdown() error {
+	s.closing.Store(true)
+	var err error
+	if s.nc != nil {
+		switch derr := s.nc.Drain(); {
+		case derr == nil, errors.Is(derr, nats.ErrConnectionClosed):
+		case errors.Is(derr, nats.ErrConnectionReconnecting):
+			s.log.Warn("closing while NATS is unreachable; unsent updates are lost")
+		default:
+			s.nc.Close()
+			err = fmt.Errorf("store: close: %w", derr)
+		}
+		<-s.connClosed // Drain closes the connection within drainTimeout.
+	}
+	if s.ns != nil {
+		s.ns.Shutdown()
+		s.ns.WaitForShutdown()
+	}
+	return err
+}
