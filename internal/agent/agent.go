@@ -58,6 +58,9 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.relay.CloseIdleConnections()
 	defer a.backend.CloseIdleConnections()
+	if a.cfg.Protocol == ProtocolNative {
+		return a.runNative(ctx)
+	}
 	return a.runLongPoll(ctx)
 }
 

@@ -10,10 +10,13 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // Protocols an agent can speak to a relay.
 const (
+	ProtocolNative   = "native"   // Switchboard's tunnel: one multiplexed connection
 	ProtocolLongPoll = "longpoll" // the http-relay long-poll protocol
 )
 
@@ -43,8 +46,15 @@ type Config struct {
 	Token string
 	// RootCAs verifies the relay's certificate; nil means the system pool.
 	RootCAs *x509.CertPool
-	// Protocol is the protocol to speak; only ProtocolLongPoll for now.
+	// Protocol is the protocol to speak: ProtocolNative (the default), which
+	// falls back to ProtocolLongPoll against a relay that lacks the tunnel,
+	// or ProtocolLongPoll.
 	Protocol string
+	// WebSocket carries the native tunnel in a WebSocket, for paths that
+	// pass nothing else. Default off: an HTTP/1.1 Upgrade.
+	WebSocket bool
+	// Liveness sets the native tunnel's pings; see tunnel.Liveness.
+	Liveness tunnel.Liveness
 	// MaxChunkSize caps the response bytes posted per chunk. Default 1 MiB.
 	MaxChunkSize int
 	// BlockSize is the read size from the backend. Default 64 KiB.
@@ -66,8 +76,9 @@ type Config struct {
 // Complete fills in defaults for zero fields.
 func (c *Config) Complete() {
 	if c.Protocol == "" {
-		c.Protocol = ProtocolLongPoll
+		c.Protocol = ProtocolNative
 	}
+	c.Liveness = c.Liveness.WithDefaults()
 	if c.MaxChunkSize <= 0 {
 		c.MaxChunkSize = 1 << 20
 	}
@@ -116,8 +127,8 @@ func (c *Config) Validate() error {
 	if c.BackendH2C && c.Backend != nil && c.Backend.Scheme != "http" {
 		errs = append(errs, errors.New("h2c to the backend needs an http:// backend URL"))
 	}
-	if c.Protocol != ProtocolLongPoll {
-		errs = append(errs, fmt.Errorf("unknown protocol %q: use %q", c.Protocol, ProtocolLongPoll))
+	if c.Protocol != ProtocolLongPoll && c.Protocol != ProtocolNative {
+		errs = append(errs, fmt.Errorf("unknown protocol %q: use %q or %q", c.Protocol, ProtocolNative, ProtocolLongPoll))
 	}
 	return errors.Join(errs...)
 }

@@ -267,7 +267,6 @@ func (b *Broker) newResponse(req *http.Request, ex *Exchange, first *wire.Respon
 	}
 	wire.AddToHTTP(resp.Header, first.Header)
 	announceTrailers(resp)
-	promoteGRPC(resp)
 	if cl := resp.Header.Get("Content-Length"); cl != "" {
 		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
 			resp.ContentLength = n
@@ -298,21 +297,6 @@ func announceTrailers(resp *http.Response) {
 		}
 	}
 	resp.Header.Del("Trailer")
-}
-
-// promoteGRPC moves Grpc-* response headers into the trailers, so that a gRPC
-// "trailers-only" answer reaches the user as trailers.
-func promoteGRPC(resp *http.Response) {
-	for k, vv := range resp.Header {
-		if !strings.HasPrefix(k, "Grpc-") {
-			continue
-		}
-		if resp.Trailer == nil {
-			resp.Trailer = make(http.Header)
-		}
-		resp.Trailer[k] = append(resp.Trailer[k], vv...)
-		delete(resp.Header, k)
-	}
 }
 
 // responseBody streams the agent's chunks to the user.

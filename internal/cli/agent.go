@@ -18,7 +18,7 @@ import (
 // reference agent's.
 type agentFlags struct {
 	relays, device, backend, token, tokenFile, protocol, prefix, rootCA string
-	backendH2C, disableHTTP2, forceHTTP2, preserveHost                  bool
+	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket       bool
 	maxChunk, blockSize, pending                                        int
 
 	// The reference agent's names, used when ours are not given.
@@ -32,7 +32,8 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.backendH2C, "backend-h2c", false, "speak HTTP/2 cleartext to the backend (gRPC)")
 	fs.StringVar(&f.tokenFile, "token-file", "", "`file` holding the agent token")
 	fs.StringVar(&f.token, "token", "", "the agent `token` (prefer --token-file or SWITCHBOARD_TOKEN: flags show in ps)")
-	fs.StringVar(&f.protocol, "protocol", agent.ProtocolLongPoll, "`protocol` to the relay: longpoll")
+	fs.StringVar(&f.protocol, "protocol", agent.ProtocolNative, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
+	fs.BoolVar(&f.websocket, "websocket", false, "carry the native tunnel in a WebSocket (for paths that pass only websockets)")
 	fs.StringVar(&f.prefix, "relay-prefix", "", "`path` put before the agent endpoints, for an ingress that routes by prefix")
 	fs.StringVar(&f.rootCA, "root-ca-file", "", "PEM `file` of CAs that sign the relay's certificate")
 	fs.BoolVar(&f.preserveHost, "preserve-host", true, "send the user's Host header to the backend")
@@ -67,6 +68,7 @@ func (f *agentFlags) config() (agent.Config, error) {
 		DisableHTTP2:       f.disableHTTP2,
 		PreserveHost:       f.preserveHost,
 		Protocol:           f.protocol,
+		WebSocket:          f.websocket,
 		RelayPrefix:        f.prefix,
 		MaxChunkSize:       f.maxChunk,
 		BlockSize:          f.blockSize,

@@ -18,13 +18,28 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/auth"
 )
 
-// setup starts a relay, a backend and an agent for device "dev", and returns
-// the relay, the backend and a user token for "dev".
-func setup(t *testing.T) (*Relay, *testBackend, string) {
+// protocols are the agent protocols every data-plane test runs with.
+var protocols = []string{agent.ProtocolLongPoll, agent.ProtocolNative}
+
+// forEachProtocol runs f as a subtest per agent protocol.
+func forEachProtocol(t *testing.T, f func(t *testing.T, proto string)) {
+	for _, p := range protocols {
+		t.Run(p, func(t *testing.T) { f(t, p) })
+	}
+}
+
+// protocol sets the agent's protocol.
+func protocol(p string) func(*agent.Config) {
+	return func(c *agent.Config) { c.Protocol = p }
+}
+
+// setup starts a relay, a backend and an agent speaking proto for device
+// "dev", and returns the relay, the backend and a user token for "dev".
+func setup(t *testing.T, proto string) (*Relay, *testBackend, string) {
 	t.Helper()
 	r := StartRelay(t)
 	b := newBackend(t, "b1")
-	StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev agent", "dev"))
+	StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev agent", "dev"), protocol(proto))
 	r.WaitDevice(t, "dev")
 	return r, b, r.Token(t, auth.KindUser, "alice", "dev")
 }
@@ -64,209 +79,227 @@ func decodeEcho(t *testing.T, resp *http.Response) echoReply {
 }
 
 func TestMethodsAndBodies(t *testing.T) {
-	r, _, user := setup(t)
-	tests := []struct {
-		method, body string
-	}{
-		{http.MethodGet, ""},
-		{http.MethodPost, `{"hello":"world"}`},
-		{http.MethodPut, strings.Repeat("x", 200_000)},
-		{http.MethodDelete, ""},
-		{http.MethodPatch, "patch"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.method, func(t *testing.T) {
-			resp := do(t, tt.method, r.URL+"/client/dev/echo/a%2Fb/c?x=1&y=two", user, strings.NewReader(tt.body), "X-Custom", "kept")
-			e := decodeEcho(t, resp)
-			if e.Method != tt.method || e.Body != tt.body {
-				t.Fatalf("backend saw %s with %d body bytes, want %s with %d", e.Method, len(e.Body), tt.method, len(tt.body))
-			}
-			if e.Path != "/echo/a/b/c" || e.RawPath != "/echo/a%2Fb/c" || e.Query != "x=1&y=two" {
-				t.Fatalf("backend saw path %q raw %q query %q", e.Path, e.RawPath, e.Query)
-			}
-			if got := e.Header.Get("X-Custom"); got != "kept" {
-				t.Fatalf("X-Custom = %q, want kept", got)
-			}
-			if got := e.Header.Get("Authorization"); got != "" {
-				t.Fatalf("the user's relay token reached the device: Authorization = %q", got)
-			}
-			if !strings.HasPrefix(e.Host, "127.0.0.1:") {
-				t.Fatalf("backend saw Host %q, want the user's", e.Host)
-			}
-		})
-	}
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r, _, user := setup(t, proto)
+		tests := []struct {
+			method, body string
+		}{
+			{http.MethodGet, ""},
+			{http.MethodPost, `{"hello":"world"}`},
+			{http.MethodPut, strings.Repeat("x", 200_000)},
+			{http.MethodDelete, ""},
+			{http.MethodPatch, "patch"},
+		}
+		for _, tt := range tests {
+			t.Run(tt.method, func(t *testing.T) {
+				resp := do(t, tt.method, r.URL+"/client/dev/echo/a%2Fb/c?x=1&y=two", user, strings.NewReader(tt.body), "X-Custom", "kept")
+				e := decodeEcho(t, resp)
+				if e.Method != tt.method || e.Body != tt.body {
+					t.Fatalf("backend saw %s with %d body bytes, want %s with %d", e.Method, len(e.Body), tt.method, len(tt.body))
+				}
+				if e.Path != "/echo/a/b/c" || e.RawPath != "/echo/a%2Fb/c" || e.Query != "x=1&y=two" {
+					t.Fatalf("backend saw path %q raw %q query %q", e.Path, e.RawPath, e.Query)
+				}
+				if got := e.Header.Get("X-Custom"); got != "kept" {
+					t.Fatalf("X-Custom = %q, want kept", got)
+				}
+				if got := e.Header.Get("Authorization"); got != "" {
+					t.Fatalf("the user's relay token reached the device: Authorization = %q", got)
+				}
+				if !strings.HasPrefix(e.Host, "127.0.0.1:") {
+					t.Fatalf("backend saw Host %q, want the user's", e.Host)
+				}
+			})
+		}
+	})
 }
 
 func TestHeaderAddressing(t *testing.T) {
-	r, _, user := setup(t)
-	resp := do(t, http.MethodGet, r.URL+"/echo/by-header", user, nil, "X-Server-Name", "dev")
-	if e := decodeEcho(t, resp); e.Path != "/echo/by-header" {
-		t.Fatalf("path = %q", e.Path)
-	}
-	// The relay's own paths are never forwarded in header mode.
-	resp = do(t, http.MethodGet, r.URL+"/healthz", "", nil, "X-Server-Name", "dev")
-	if b, _ := io.ReadAll(resp.Body); strings.TrimSpace(string(b)) != "ok" {
-		t.Fatalf("/healthz with X-Server-Name answered %q", b)
-	}
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r, _, user := setup(t, proto)
+		resp := do(t, http.MethodGet, r.URL+"/echo/by-header", user, nil, "X-Server-Name", "dev")
+		if e := decodeEcho(t, resp); e.Path != "/echo/by-header" {
+			t.Fatalf("path = %q", e.Path)
+		}
+		// The relay's own paths are never forwarded in header mode.
+		resp = do(t, http.MethodGet, r.URL+"/healthz", "", nil, "X-Server-Name", "dev")
+		if b, _ := io.ReadAll(resp.Body); strings.TrimSpace(string(b)) != "ok" {
+			t.Fatalf("/healthz with X-Server-Name answered %q", b)
+		}
+	})
 }
 
 func TestChunkedUpload(t *testing.T) {
-	r, _, user := setup(t)
-	pr, pw := io.Pipe()
-	go func() {
-		for i := 0; i < 100; i++ {
-			io.WriteString(pw, "0123456789")
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r, _, user := setup(t, proto)
+		pr, pw := io.Pipe()
+		go func() {
+			for i := 0; i < 100; i++ {
+				io.WriteString(pw, "0123456789")
+			}
+			pw.Close()
+		}()
+		resp := do(t, http.MethodPost, r.URL+"/client/dev/echo/upload", user, pr)
+		e := decodeEcho(t, resp)
+		if len(e.Body) != 1000 {
+			t.Fatalf("backend got %d bytes, want 1000", len(e.Body))
 		}
-		pw.Close()
-	}()
-	resp := do(t, http.MethodPost, r.URL+"/client/dev/echo/upload", user, pr)
-	e := decodeEcho(t, resp)
-	if len(e.Body) != 1000 {
-		t.Fatalf("backend got %d bytes, want 1000", len(e.Body))
-	}
+	})
 }
 
 func TestStreamedResponse(t *testing.T) {
-	r, b, user := setup(t)
-	resp := do(t, http.MethodGet, r.URL+"/client/dev/sse", user, nil)
-	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
-		t.Fatalf("Content-Type = %q", ct)
-	}
-	rd := bufio.NewReader(resp.Body)
-	for i := 1; i <= 3; i++ {
-		b.sseGo <- struct{}{} // the backend writes event i only now
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatalf("event %d: %v", i, err)
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r, b, user := setup(t, proto)
+		resp := do(t, http.MethodGet, r.URL+"/client/dev/sse", user, nil)
+		if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+			t.Fatalf("Content-Type = %q", ct)
 		}
-		if want := "data: event " + string(rune('0'+i)) + "\n"; line != want {
-			t.Fatalf("event %d: got %q, want %q", i, line, want)
+		rd := bufio.NewReader(resp.Body)
+		for i := 1; i <= 3; i++ {
+			b.sseGo <- struct{}{} // the backend writes event i only now
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				t.Fatalf("event %d: %v", i, err)
+			}
+			if want := "data: event " + string(rune('0'+i)) + "\n"; line != want {
+				t.Fatalf("event %d: got %q, want %q", i, line, want)
+			}
+			rd.ReadString('\n') // the blank line ending the event
 		}
-		rd.ReadString('\n') // the blank line ending the event
-	}
+	})
 }
 
 func TestTrailers(t *testing.T) {
-	r, _, user := setup(t)
-	resp := do(t, http.MethodGet, r.URL+"/client/dev/trailers", user, nil)
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || string(body) != "body before trailers" {
-		t.Fatalf("body %q, err %v", body, err)
-	}
-	if got := resp.Trailer.Get("X-Checksum"); got != "abc123" {
-		t.Fatalf("declared trailer X-Checksum = %q, want abc123 (trailers %v)", got, resp.Trailer)
-	}
-	if got := resp.Trailer.Get("X-Late"); got != "undeclared" {
-		t.Fatalf("undeclared trailer X-Late = %q, want undeclared (trailers %v)", got, resp.Trailer)
-	}
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r, _, user := setup(t, proto)
+		resp := do(t, http.MethodGet, r.URL+"/client/dev/trailers", user, nil)
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || string(body) != "body before trailers" {
+			t.Fatalf("body %q, err %v", body, err)
+		}
+		if got := resp.Trailer.Get("X-Checksum"); got != "abc123" {
+			t.Fatalf("declared trailer X-Checksum = %q, want abc123 (trailers %v)", got, resp.Trailer)
+		}
+		if got := resp.Trailer.Get("X-Late"); got != "undeclared" {
+			t.Fatalf("undeclared trailer X-Late = %q, want undeclared (trailers %v)", got, resp.Trailer)
+		}
+	})
 }
 
 func TestWebSocketEcho(t *testing.T) {
-	r, _, user := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(r.URL, "http")+"/client/dev/ws", &websocket.DialOptions{
-		HTTPHeader: http.Header{"Authorization": {"Bearer " + user}},
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r, _, user := setup(t, proto)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(r.URL, "http")+"/client/dev/ws", &websocket.DialOptions{
+			HTTPHeader: http.Header{"Authorization": {"Bearer " + user}},
+		})
+		if err != nil {
+			t.Fatalf("dial websocket through the relay: %v", err)
+		}
+		defer c.CloseNow()
+		for i, msg := range []string{"hello", strings.Repeat("big", 10000), "bye"} {
+			if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+				t.Fatalf("write %d: %v", i, err)
+			}
+			_, got, err := c.Read(ctx)
+			if err != nil || string(got) != msg {
+				t.Fatalf("echo %d: got %d bytes, err %v", i, len(got), err)
+			}
+		}
+		if err := c.Close(websocket.StatusNormalClosure, ""); err != nil {
+			t.Fatalf("close: %v", err)
+		}
 	})
-	if err != nil {
-		t.Fatalf("dial websocket through the relay: %v", err)
-	}
-	defer c.CloseNow()
-	for i, msg := range []string{"hello", strings.Repeat("big", 10000), "bye"} {
-		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
-			t.Fatalf("write %d: %v", i, err)
-		}
-		_, got, err := c.Read(ctx)
-		if err != nil || string(got) != msg {
-			t.Fatalf("echo %d: got %d bytes, err %v", i, len(got), err)
-		}
-	}
-	if err := c.Close(websocket.StatusNormalClosure, ""); err != nil {
-		t.Fatalf("close: %v", err)
-	}
 }
 
 func TestRawUpgradeEcho(t *testing.T) {
-	r, _, user := setup(t)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(r.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(conn, "POST /client/dev/raw-upgrade HTTP/1.1\r\nHost: relay\r\nAuthorization: Bearer "+user+
-		"\r\nConnection: Upgrade\r\nUpgrade: echo-lines\r\nContent-Length: 0\r\n\r\n")
-	rd := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(rd, nil)
-	if err != nil {
-		t.Fatalf("read 101: %v", err)
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("status %s: %s", resp.Status, b)
-	}
-	for _, line := range []string{"ls -l", "whoami", strings.Repeat("z", 30000)} {
-		io.WriteString(conn, line+"\n")
-		got, err := rd.ReadString('\n')
-		if err != nil || got != "echo: "+line+"\n" {
-			t.Fatalf("echo of %d bytes: got %d bytes, err %v", len(line), len(got), err)
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r, _, user := setup(t, proto)
+		conn, err := net.Dial("tcp", strings.TrimPrefix(r.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(conn, "POST /client/dev/raw-upgrade HTTP/1.1\r\nHost: relay\r\nAuthorization: Bearer "+user+
+			"\r\nConnection: Upgrade\r\nUpgrade: echo-lines\r\nContent-Length: 0\r\n\r\n")
+		rd := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(rd, nil)
+		if err != nil {
+			t.Fatalf("read 101: %v", err)
+		}
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("status %s: %s", resp.Status, b)
+		}
+		for _, line := range []string{"ls -l", "whoami", strings.Repeat("z", 30000)} {
+			io.WriteString(conn, line+"\n")
+			got, err := rd.ReadString('\n')
+			if err != nil || got != "echo: "+line+"\n" {
+				t.Fatalf("echo of %d bytes: got %d bytes, err %v", len(line), len(got), err)
+			}
+		}
+	})
 }
 
 func TestTwoAgentsShareADevice(t *testing.T) {
-	r := StartRelay(t)
-	b1, b2 := newBackend(t, "b1"), newBackend(t, "b2")
-	tok := r.Token(t, auth.KindAgent, "dev agents", "dev")
-	StartAgent(t, r, "dev", b1.URL, tok)
-	StartAgent(t, r, "dev", b2.URL, tok)
-	r.WaitDevice(t, "dev")
-	user := r.Token(t, auth.KindUser, "alice")
-	seen := map[string]bool{}
-	const n = 60
-	for i := 0; i < n; i++ {
-		resp := do(t, http.MethodGet, r.URL+"/client/dev/echo/", user, nil)
-		seen[decodeEcho(t, resp).Backend] = true
-		resp.Body.Close()
-	}
-	if !seen["b1"] || !seen["b2"] {
-		t.Fatalf("%d requests reached only %v; both agents should serve", n, seen)
-	}
-	if got := b1.hits.Load() + b2.hits.Load(); got != n {
-		t.Fatalf("backends saw %d requests, want exactly %d (each request to exactly one agent)", got, n)
-	}
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r := StartRelay(t)
+		b1, b2 := newBackend(t, "b1"), newBackend(t, "b2")
+		tok := r.Token(t, auth.KindAgent, "dev agents", "dev")
+		StartAgent(t, r, "dev", b1.URL, tok, protocol(proto))
+		StartAgent(t, r, "dev", b2.URL, tok, protocol(proto))
+		r.WaitDevice(t, "dev")
+		user := r.Token(t, auth.KindUser, "alice")
+		seen := map[string]bool{}
+		const n = 60
+		for i := 0; i < n; i++ {
+			resp := do(t, http.MethodGet, r.URL+"/client/dev/echo/", user, nil)
+			seen[decodeEcho(t, resp).Backend] = true
+			resp.Body.Close()
+		}
+		if !seen["b1"] || !seen["b2"] {
+			t.Fatalf("%d requests reached only %v; both agents should serve", n, seen)
+		}
+		if got := b1.hits.Load() + b2.hits.Load(); got != n {
+			t.Fatalf("backends saw %d requests, want exactly %d (each request to exactly one agent)", got, n)
+		}
+	})
 }
 
 func TestAgentKilledMidStream(t *testing.T) {
-	r := StartRelay(t)
-	b := newBackend(t, "b1")
-	ag := StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev agent", "dev"))
-	r.WaitDevice(t, "dev")
-	user := r.Token(t, auth.KindUser, "alice")
-	resp := do(t, http.MethodGet, r.URL+"/client/dev/stream-forever", user, nil)
-	rd := bufio.NewReader(resp.Body)
-	for i := 0; i < 5; i++ {
-		if _, err := rd.ReadString('\n'); err != nil {
-			t.Fatalf("line %d: %v", i, err)
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r := StartRelay(t)
+		b := newBackend(t, "b1")
+		ag := StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev agent", "dev"), protocol(proto))
+		r.WaitDevice(t, "dev")
+		user := r.Token(t, auth.KindUser, "alice")
+		resp := do(t, http.MethodGet, r.URL+"/client/dev/stream-forever", user, nil)
+		rd := bufio.NewReader(resp.Body)
+		for i := 0; i < 5; i++ {
+			if _, err := rd.ReadString('\n'); err != nil {
+				t.Fatalf("line %d: %v", i, err)
+			}
 		}
-	}
-	ag.Stop()
-	done := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(io.Discard, rd)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("the response ended cleanly although the agent died mid-stream; want an error")
+		ag.Stop()
+		done := make(chan error, 1)
+		go func() {
+			_, err := io.Copy(io.Discard, rd)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("the response ended cleanly although the agent died mid-stream; want an error")
+			}
+			if !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Logf("user saw: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the user was left hanging after the agent died")
 		}
-		if !errors.Is(err, io.ErrUnexpectedEOF) {
-			t.Logf("user saw: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the user was left hanging after the agent died")
-	}
+	})
 }
 
 func TestNoAgentAnswersAtOnce(t *testing.T) {
@@ -284,39 +317,43 @@ func TestNoAgentAnswersAtOnce(t *testing.T) {
 }
 
 func TestDeviceWhoseAgentLeftAnswersAfterGrace(t *testing.T) {
-	r := StartRelay(t)
-	b := newBackend(t, "b1")
-	ag := StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev agent", "dev"))
-	r.WaitDevice(t, "dev")
-	ag.Stop()
-	user := r.Token(t, auth.KindUser, "alice")
-	resp := do(t, http.MethodGet, r.URL+"/client/dev/echo/", user, nil)
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"dev"`) {
-		t.Fatalf("got %s %q, want 503 naming the device", resp.Status, body)
-	}
-	if resp.Header.Get("Retry-After") == "" {
-		t.Fatal("503 without Retry-After")
-	}
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r := StartRelay(t)
+		b := newBackend(t, "b1")
+		ag := StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev agent", "dev"), protocol(proto))
+		r.WaitDevice(t, "dev")
+		ag.Stop()
+		user := r.Token(t, auth.KindUser, "alice")
+		resp := do(t, http.MethodGet, r.URL+"/client/dev/echo/", user, nil)
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"dev"`) {
+			t.Fatalf("got %s %q, want 503 naming the device", resp.Status, body)
+		}
+		if resp.Header.Get("Retry-After") == "" {
+			t.Fatal("503 without Retry-After")
+		}
+	})
 }
 
 func TestUnauthorized(t *testing.T) {
 	r := StartRelay(t)
 	b := newBackend(t, "b1")
 
-	t.Run("agent without token", func(t *testing.T) {
-		ag := StartAgent(t, r, "dev", b.URL, "")
-		<-ag.Done()
-		if !errors.Is(ag.Err(), agent.ErrUnauthorized) {
-			t.Fatalf("agent ended with %v, want ErrUnauthorized", ag.Err())
-		}
-	})
-	t.Run("agent token for another device", func(t *testing.T) {
-		ag := StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "other", "other"))
-		<-ag.Done()
-		if !errors.Is(ag.Err(), agent.ErrUnauthorized) {
-			t.Fatalf("agent ended with %v, want ErrUnauthorized", ag.Err())
-		}
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		t.Run("agent without token", func(t *testing.T) {
+			ag := StartAgent(t, r, "dev", b.URL, "", protocol(proto))
+			<-ag.Done()
+			if !errors.Is(ag.Err(), agent.ErrUnauthorized) {
+				t.Fatalf("agent ended with %v, want ErrUnauthorized", ag.Err())
+			}
+		})
+		t.Run("agent token for another device", func(t *testing.T) {
+			ag := StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "other", "other"), protocol(proto))
+			<-ag.Done()
+			if !errors.Is(ag.Err(), agent.ErrUnauthorized) {
+				t.Fatalf("agent ended with %v, want ErrUnauthorized", ag.Err())
+			}
+		})
 	})
 
 	StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev", "dev"))

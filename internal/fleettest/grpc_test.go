@@ -35,11 +35,15 @@ func startGRPC(t *testing.T) (addr string, hs *health.Server) {
 }
 
 func TestGRPCThroughRelay(t *testing.T) {
+	forEachProtocol(t, testGRPC)
+}
+
+func testGRPC(t *testing.T, proto string) {
 	r := StartRelay(t)
 	addr, hs := startGRPC(t)
 	hs.SetServingStatus("robot.Arm", healthpb.HealthCheckResponse_SERVING)
 	StartAgent(t, r, "grpc-dev", "http://"+addr, r.Token(t, auth.KindAgent, "grpc agent", "grpc-dev"),
-		func(c *agent.Config) { c.BackendH2C = true })
+		protocol(proto), func(c *agent.Config) { c.BackendH2C = true })
 	r.WaitDevice(t, "grpc-dev")
 	user := r.Token(t, auth.KindUser, "alice", "grpc-dev")
 

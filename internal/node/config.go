@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // Config configures a relay node. Zero fields take the defaults named on them.
@@ -33,6 +34,8 @@ type Config struct {
 	AllowAnonymousAgents bool
 	// Broker holds the long-poll timeouts and limits; see broker.Config.
 	Broker broker.Config
+	// Liveness sets the native tunnels' pings; see tunnel.Liveness.
+	Liveness tunnel.Liveness
 	// MaxChunkBytes caps one response chunk posted by a long-poll agent.
 	// Default 16 MiB.
 	MaxChunkBytes int

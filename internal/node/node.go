@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -22,7 +23,9 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/relay"
+	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // Node is a running relay node.
@@ -32,6 +35,7 @@ type Node struct {
 	store    *store.Store
 	tokens   *auth.Store
 	broker   *broker.Broker
+	tunnels  *tunnel.Pool
 	registry *prometheus.Registry
 	public   *http.Server
 	admin    *http.Server
@@ -65,6 +69,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if n.broker, err = broker.New(bcfg); err != nil {
 		return nil, err
 	}
+	n.tunnels = tunnel.NewPool(cfg.Liveness, n.log)
 	if err := n.listen(); err != nil {
 		return nil, err
 	}
@@ -122,8 +127,9 @@ func (n *Node) listen() error {
 		Logger:        n.log,
 	})
 	public := relay.NewHandler(relay.Config{
-		Transport:     n.broker,
+		Transport:     &router.Local{Native: n.tunnels, LongPoll: n.broker},
 		Agents:        agents,
+		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
 		Ready:         n.ready.Load,
 		Logger:        n.log,
@@ -183,7 +189,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout)
 	n.broker.Drain()
 	errPublic := n.public.Shutdown(ctx)
-	errWait := n.broker.Wait(ctx)
+	errWait := errors.Join(n.broker.Wait(ctx), n.tunnels.Shutdown(ctx))
 	if errPublic != nil || errWait != nil {
 		n.log.Warn("drain deadline passed; cutting what is left")
 	}
@@ -215,6 +221,9 @@ func (n *Node) closeResources() {
 	if n.broker != nil {
 		n.broker.Close()
 	}
+	if n.tunnels != nil {
+		n.tunnels.Close()
+	}
 	for _, ln := range []net.Listener{n.publicLn, n.adminLn} {
 		if ln != nil {
 			ln.Close()
@@ -228,5 +237,14 @@ func (n *Node) closeResources() {
 	}
 }
 
-// Devices reports the device names with a long-poll agent seen recently.
-func (n *Node) Devices() []string { return n.broker.Devices() }
+// Devices reports the device names with a native tunnel or a long-poll agent
+// seen recently.
+func (n *Node) Devices() []string {
+	names := n.tunnels.Devices()
+	for _, d := range n.broker.Devices() {
+		if !slices.Contains(names, d) {
+			names = append(names, d)
+		}
+	}
+	return names
+}

@@ -28,8 +28,10 @@ type UserAuthorizer func(r *http.Request, device string) error
 type Config struct {
 	// Transport carries a request to the device named by its URL's host. Required.
 	Transport http.RoundTripper
-	// Agents serves the agent endpoints under /server/. Required.
+	// Agents serves the long-poll agent endpoints under /server/. Required.
 	Agents http.Handler
+	// Tunnels serves the native tunnel endpoints under /switchboard/. Required.
+	Tunnels http.Handler
 	// AuthorizeUser checks users; nil lets everyone in.
 	AuthorizeUser UserAuthorizer
 	// Ready reports whether the relay takes new work; nil means always.
@@ -53,10 +55,11 @@ func NewHandler(cfg Config) *Handler {
 	}
 	h := &Handler{cfg: cfg}
 	h.proxy = &httputil.ReverseProxy{
-		Rewrite:      rewrite,
-		Transport:    cfg.Transport,
-		ErrorHandler: h.proxyError,
-		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+		Rewrite:        rewrite,
+		Transport:      cfg.Transport,
+		ModifyResponse: promoteGRPC,
+		ErrorHandler:   h.proxyError,
+		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
 	return h
 }
@@ -89,7 +92,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // isLocalPath reports whether path is one of the relay's own.
 func isLocalPath(path string) bool {
-	return path == "/healthz" || path == "/readyz" || path == "/metrics" || strings.HasPrefix(path, "/server/")
+	return path == "/healthz" || path == "/readyz" || path == "/metrics" ||
+		strings.HasPrefix(path, "/server/") || strings.HasPrefix(path, "/switchboard/")
 }
 
 // serveLocal serves the relay's own paths on the public listener.
@@ -97,6 +101,8 @@ func (h *Handler) serveLocal(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case strings.HasPrefix(r.URL.Path, "/server/"):
 		h.cfg.Agents.ServeHTTP(w, r)
+	case strings.HasPrefix(r.URL.Path, "/switchboard/"):
+		h.cfg.Tunnels.ServeHTTP(w, r)
 	case r.URL.Path == "/healthz":
 		io.WriteString(w, "ok\n")
 	case r.URL.Path == "/readyz":
@@ -121,6 +127,24 @@ func rewrite(pr *httputil.ProxyRequest) {
 	out.URL.RawPath = t.RawPath
 	out.Host = pr.In.Host
 	pr.SetXForwarded()
+}
+
+// promoteGRPC moves Grpc-* response headers into the trailers, so that a
+// gRPC "trailers-only" answer, which arrives as headers over the long-poll
+// protocol and from some backends, reaches the user as trailers as gRPC
+// clients require.
+func promoteGRPC(resp *http.Response) error {
+	for k, vv := range resp.Header {
+		if !strings.HasPrefix(k, "Grpc-") {
+			continue
+		}
+		if resp.Trailer == nil {
+			resp.Trailer = make(http.Header)
+		}
+		resp.Trailer[k] = append(resp.Trailer[k], vv...)
+		delete(resp.Header, k)
+	}
+	return nil
 }
 
 // stripH2CUpgrade drops an "Upgrade: h2c" offer: the relay serves HTTP/2

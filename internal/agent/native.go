@@ -1,0 +1,143 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/switchboard-relay/switchboard/internal/backoff"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
+	"github.com/switchboard-relay/switchboard/internal/wire"
+)
+
+// runNative keeps one tunnel to a relay open, serving every request on it,
+// and redials with jittered backoff when it drops. Against a relay without
+// the tunnel it falls back to the long-poll protocol.
+func (a *Agent) runNative(ctx context.Context) error {
+	handler := a.nativeHandler()
+	bo := backoff.New(backoff.Policy{})
+	relay := 0
+	for ctx.Err() == nil {
+		conn, err := a.dialTunnel(ctx, a.cfg.Relays[relay])
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, tunnel.ErrRefused):
+			a.setState("refused", "err", err)
+			return errors.Join(ErrUnauthorized, err)
+		case errors.Is(err, tunnel.ErrNotSupported):
+			a.setState("falling back to long-poll", "relay", a.cfg.Relays[relay].Redacted(), "reason", err)
+			return a.runLongPoll(ctx)
+		case err != nil:
+			a.setState("disconnected", "relay", a.cfg.Relays[relay].Redacted(), "err", err)
+			relay = (relay + 1) % len(a.cfg.Relays)
+			if !sleep(ctx, bo.Next(time.Now())) {
+				return nil
+			}
+			continue
+		}
+		bo.Up(time.Now())
+		a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolNative)
+		tunnel.Serve(ctx, conn, handler, a.cfg.Liveness)
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.setState("disconnected", "relay", a.cfg.Relays[relay].Redacted(), "err", "tunnel closed")
+		if !sleep(ctx, bo.Next(time.Now())) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// dialTunnel opens a tunnel to relay, by HTTP/1.1 Upgrade or WebSocket.
+func (a *Agent) dialTunnel(ctx context.Context, relay *url.URL) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	header := http.Header{wire.InstanceHeader: {a.instance}}
+	if !a.cfg.WebSocket {
+		return tunnel.Dial(dctx, tunnel.DialConfig{
+			Relay: a.prefixed(relay), Device: a.cfg.Device, Token: a.cfg.Token,
+			Instance: a.instance, TLS: a.cfg.tlsConfig(),
+		}, header)
+	}
+	u := *a.prefixed(relay)
+	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
+	u.Path += tunnel.WebSocketPath
+	u.RawQuery = url.Values{"device": {a.cfg.Device}}.Encode()
+	if a.cfg.Token != "" {
+		header.Set("Authorization", "Bearer "+a.cfg.Token)
+	}
+	c, resp, err := websocket.Dial(dctx, u.String(), &websocket.DialOptions{HTTPClient: a.relay, HTTPHeader: header})
+	if err != nil {
+		if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+			return nil, errors.Join(tunnel.ErrRefused, err)
+		}
+		if resp != nil && resp.StatusCode == http.StatusNotFound {
+			return nil, errors.Join(tunnel.ErrNotSupported, err)
+		}
+		return nil, err
+	}
+	return websocket.NetConn(context.Background(), c, websocket.MessageBinary), nil
+}
+
+// prefixed returns relay with the relay prefix appended to its path.
+func (a *Agent) prefixed(relay *url.URL) *url.URL {
+	u := *relay
+	u.Path = strings.TrimSuffix(u.Path, "/") + a.cfg.RelayPrefix
+	return &u
+}
+
+// nativeHandler forwards the tunnel's streams to the backend.
+func (a *Agent) nativeHandler() http.Handler {
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			a.rewriteToBackend(pr.Out, pr.In)
+		},
+		Transport:     a.backend.Transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the user went away
+			}
+			a.cfg.Logger.Warn("backend request failed", "device", a.cfg.Device, "err", err)
+			http.Error(w, "Backend request failed: "+err.Error(), http.StatusBadGateway)
+		},
+	}
+	rewrite := func(in *http.Request) *http.Request {
+		out := in.Clone(in.Context())
+		a.rewriteToBackend(out, in)
+		out.RequestURI = ""
+		return out
+	}
+	return tunnel.UpgradeHandler(a.backend.Transport, rewrite, proxy)
+}
+
+// rewriteToBackend points out at the backend, keeping the path and query of in.
+func (a *Agent) rewriteToBackend(out, in *http.Request) {
+	b := a.cfg.Backend
+	out.URL.Scheme, out.URL.Host = b.Scheme, b.Host
+	out.URL.Path = strings.TrimSuffix(b.Path, "/") + in.URL.Path
+	if in.URL.RawPath != "" || b.RawPath != "" {
+		out.URL.RawPath = strings.TrimSuffix(b.EscapedPath(), "/") + in.URL.EscapedPath()
+	} else {
+		out.URL.RawPath = ""
+	}
+	if a.cfg.PreserveHost {
+		out.Host = in.Host
+	} else {
+		out.Host = ""
+	}
+	for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v := in.Header.Values(h); len(v) > 0 {
+			out.Header[h] = v
+		}
+	}
+}

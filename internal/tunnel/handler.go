@@ -1,0 +1,90 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+
+	"github.com/coder/websocket"
+
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/wire"
+)
+
+// WebSocketPath is the tunnel endpoint for paths that pass only websockets.
+const WebSocketPath = Path + "/ws"
+
+// Authorizer decides whether the agent making r may serve device, returning
+// the id of its credential or an error with an HTTPStatus() int method.
+type Authorizer func(r *http.Request, device string) (agentID string, err error)
+
+// Handler is the relay's tunnel endpoint: it authorizes the agent, takes
+// over the connection and adds the session to the pool.
+type Handler struct {
+	Pool      *Pool
+	Authorize Authorizer
+	Logger    *slog.Logger
+}
+
+// ServeHTTP implements http.Handler for Path and WebSocketPath.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	device := r.URL.Query().Get("device")
+	if device == "" {
+		textError(w, http.StatusBadRequest, "missing the device query parameter: "+Path+"?device=<name>")
+		return
+	}
+	if err := auth.ValidateDeviceName(device); err != nil {
+		textError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	agentID, err := h.Authorize(r, device)
+	if err != nil {
+		var se interface{ HTTPStatus() int }
+		status := http.StatusForbidden
+		if errors.As(err, &se) {
+			status = se.HTTPStatus()
+		}
+		textError(w, status, err.Error())
+		return
+	}
+	instance := r.Header.Get(wire.InstanceHeader)
+	switch {
+	case r.URL.Path == WebSocketPath:
+		h.acceptWebSocket(w, r, device, agentID, instance)
+	case IsHandshake(r):
+		conn, err := Accept(w, r)
+		if err != nil {
+			h.log().Warn("tunnel handshake failed", "device", device, "err", err)
+			return
+		}
+		h.Pool.Add(conn, device, agentID, instance)
+	default:
+		textError(w, http.StatusBadRequest, fmt.Sprintf("a tunnel opens with 'Connection: Upgrade' and 'Upgrade: %s', or as a websocket on %s", Protocol, WebSocketPath))
+	}
+}
+
+func (h *Handler) acceptWebSocket(w http.ResponseWriter, r *http.Request, device, agentID, instance string) {
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	if err != nil {
+		return // Accept has answered
+	}
+	conn := websocket.NetConn(context.Background(), c, websocket.MessageBinary)
+	h.Pool.Add(conn, device, agentID, instance)
+}
+
+func (h *Handler) log() *slog.Logger {
+	if h.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return h.Logger
+}
+
+func textError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	io.WriteString(w, msg+"\n")
+}

@@ -1,0 +1,208 @@
+// Package tunnel is Switchboard's native agent protocol: one persistent
+// connection per agent, opened by the agent with an HTTP/1.1 Upgrade (or a
+// WebSocket for paths that pass nothing else), then carrying HTTP/2 with the
+// roles reversed — the relay is the HTTP/2 client, the agent the server — so
+// that every user request is its own stream with flow control, trailers,
+// streaming both ways and cancellation from a mature implementation
+// (golang.org/x/net/http2). A 101 upgrade, which HTTP/2 cannot carry, travels
+// as a marked stream whose request and response bodies are the two directions
+// of the raw byte stream.
+//
+// This package holds both ends: the handshake (Dial for agents, Accept for
+// relays), the relay's sessions and pool, and the agent's serving loop.
+package tunnel
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Protocol names the tunnel in the Upgrade header.
+const Protocol = "switchboard-tunnel/1"
+
+// Path is the relay endpoint an agent opens its tunnel on.
+const Path = "/switchboard/tunnel"
+
+// ErrNotSupported means the relay does not offer the native tunnel (it
+// answered the handshake without switching protocols); the agent falls back
+// to the long-poll protocol.
+var ErrNotSupported = errors.New("relay does not offer the native tunnel")
+
+// ErrRefused means the relay refused the agent's credential or device (401/403).
+var ErrRefused = errors.New("relay refused the agent")
+
+// DialConfig says how an agent reaches a relay.
+type DialConfig struct {
+	Relay    *url.URL    // http(s)://host[:port][/prefix]
+	Device   string      // the device name to serve
+	Token    string      // bearer token; empty for anonymous agents
+	Instance string      // the agent process's id, sent as wire.InstanceHeader
+	TLS      *tls.Config // for https relays; nil = defaults
+	Dialer   net.Dialer
+}
+
+// Dial opens a tunnel connection: a TCP (or TLS) connection upgraded to the
+// tunnel protocol. The returned conn is ready to carry HTTP/2 with the agent
+// as the server.
+func Dial(ctx context.Context, cfg DialConfig, header http.Header) (net.Conn, error) {
+	conn, err := dialRelay(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	c, err := handshake(conn, cfg, header)
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+func dialRelay(ctx context.Context, cfg DialConfig) (net.Conn, error) {
+	host := cfg.Relay.Host
+	if cfg.Relay.Port() == "" {
+		if cfg.Relay.Scheme == "https" {
+			host = net.JoinHostPort(cfg.Relay.Hostname(), "443")
+		} else {
+			host = net.JoinHostPort(cfg.Relay.Hostname(), "80")
+		}
+	}
+	conn, err := cfg.Dialer.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, fmt.Errorf("dial relay: %w", err)
+	}
+	if cfg.Relay.Scheme != "https" {
+		return conn, nil
+	}
+	tc := cfg.TLS.Clone()
+	if tc == nil {
+		tc = &tls.Config{}
+	}
+	if tc.ServerName == "" {
+		tc.ServerName = cfg.Relay.Hostname()
+	}
+	tc.NextProtos = []string{"http/1.1"} // the upgrade needs HTTP/1.1
+	t := tls.Client(conn, tc)
+	if err := t.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("TLS handshake with relay: %w", err)
+	}
+	return t, nil
+}
+
+// handshake sends the upgrade request on conn and reads the answer.
+func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, error) {
+	u := *cfg.Relay
+	u.Path = strings.TrimSuffix(u.Path, "/") + Path
+	u.RawQuery = url.Values{"device": {cfg.Device}}.Encode()
+	req := &http.Request{
+		Method:     http.MethodGet,
+		URL:        &u,
+		Host:       cfg.Relay.Host,
+		Header:     header.Clone(),
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+	}
+	if req.Header == nil {
+		req.Header = make(http.Header)
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", Protocol)
+	if cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.Token)
+	}
+	if err := req.Write(conn); err != nil {
+		return nil, fmt.Errorf("send tunnel handshake: %w", err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		return nil, fmt.Errorf("read tunnel handshake: %w", err)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols && strings.EqualFold(resp.Header.Get("Upgrade"), Protocol) {
+		return withBuffered(conn, br), nil
+	}
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	resp.Body.Close()
+	detail := fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
+	switch resp.StatusCode {
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return nil, fmt.Errorf("%w: %s", ErrRefused, detail)
+	case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusBadRequest, http.StatusNotImplemented, http.StatusSwitchingProtocols:
+		return nil, fmt.Errorf("%w: %s", ErrNotSupported, detail)
+	default:
+		return nil, fmt.Errorf("tunnel handshake: %s", detail)
+	}
+}
+
+// IsHandshake reports whether r asks to open a tunnel.
+func IsHandshake(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.EqualFold(r.Header.Get("Upgrade"), Protocol) &&
+		headerHasToken(r.Header, "Connection", "upgrade")
+}
+
+// Accept completes a tunnel handshake on the relay side: it answers 101 and
+// takes over the connection, which is then ready to carry HTTP/2 with the
+// relay as the client. The caller has checked IsHandshake and authorized the
+// agent.
+func Accept(w http.ResponseWriter, r *http.Request) (net.Conn, error) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil, fmt.Errorf("take over tunnel connection: %w", err)
+	}
+	conn.SetDeadline(time.Time{}) // the server's header deadlines do not apply to the tunnel
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n\r\n"); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("answer tunnel handshake: %w", err)
+	}
+	return withBuffered(conn, brw.Reader), nil
+}
+
+// withBuffered returns conn, reading first what br has buffered from it.
+func withBuffered(conn net.Conn, br *bufio.Reader) net.Conn {
+	if br.Buffered() == 0 {
+		return conn
+	}
+	data, _ := br.Peek(br.Buffered())
+	return &prefixConn{Conn: conn, prefix: append([]byte(nil), data...)}
+}
+
+// prefixConn is a net.Conn whose first reads return prefix.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,298 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// ErrNoSession means no tunnel for the device is connected to this relay.
+var ErrNoSession = errors.New("no native tunnel for the device")
+
+// Liveness sets how tunnels detect a silent peer. The agent pings after
+// Interval without reading anything and gives up when no answer comes within
+// Timeout; the relay, which hears those pings, pings only after 2·Interval of
+// silence and gives up after Timeout/2, so that both ends notice a silent
+// peer within Interval+Timeout.
+type Liveness struct {
+	Interval time.Duration // default 500 ms
+	Timeout  time.Duration // default 1 s
+}
+
+// WithDefaults fills zero fields.
+func (l Liveness) WithDefaults() Liveness {
+	if l.Interval <= 0 {
+		l.Interval = 500 * time.Millisecond
+	}
+	if l.Timeout <= 0 {
+		l.Timeout = time.Second
+	}
+	return l
+}
+
+// Session is one agent's tunnel as the relay sees it.
+type Session struct {
+	Device   string
+	AgentID  string // the agent credential's id; "" for anonymous agents
+	Instance string // the agent process's id
+	cc       *http2.ClientConn
+	inflight atomic.Int64
+	pool     *Pool
+}
+
+// Inflight returns the requests in flight on the session.
+func (s *Session) Inflight() int64 { return s.inflight.Load() }
+
+// Close closes the tunnel connection.
+func (s *Session) Close() error { return s.cc.Close() }
+
+// RoundTrip sends one request to the agent.
+func (s *Session) RoundTrip(req *http.Request) (*http.Response, error) {
+	if proto := upgradeType(req.Header); proto != "" {
+		return upgradeRoundTrip(s.cc, req, proto)
+	}
+	return s.cc.RoundTrip(req)
+}
+
+// Pool holds the relay's tunnel sessions by device and spreads requests over
+// a device's sessions, least in-flight first. It implements http.RoundTripper
+// for requests whose URL host is the device name.
+type Pool struct {
+	t   *http2.Transport
+	log *slog.Logger
+
+	mu      sync.Mutex // guards the fields below
+	devices map[string][]*Session
+	turn    int // rotates the first choice among equally loaded sessions
+}
+
+// NewPool returns an empty pool whose sessions use liveness.
+func NewPool(l Liveness, log *slog.Logger) *Pool {
+	l = l.WithDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Pool{
+		t: &http2.Transport{
+			AllowHTTP:        true,
+			ReadIdleTimeout:  2 * l.Interval,
+			PingTimeout:      l.Timeout / 2,
+			WriteByteTimeout: 10 * time.Second,
+		},
+		log:     log,
+		devices: make(map[string][]*Session),
+	}
+}
+
+// Add starts HTTP/2 on an accepted tunnel connection and adds the session.
+// The session leaves the pool by itself when its connection dies.
+func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, error) {
+	s := &Session{Device: device, AgentID: agentID, Instance: instance, pool: p}
+	cc, err := p.t.NewClientConn(&watchedConn{Conn: conn, onDead: func() { p.remove(s) }})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("start HTTP/2 on the tunnel: %w", err)
+	}
+	s.cc = cc
+	p.mu.Lock()
+	p.devices[device] = append(p.devices[device], s)
+	p.mu.Unlock()
+	p.log.Debug("tunnel connected", "device", device, "instance", instance)
+	return s, nil
+}
+
+// remove takes s out of the pool.
+func (p *Pool) remove(s *Session) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.devices[s.Device]
+	for i, x := range list {
+		if x == s {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(p.devices, s.Device)
+	} else {
+		p.devices[s.Device] = list
+	}
+}
+
+// pick returns the device's session with the fewest requests in flight.
+func (p *Pool) pick(device string, skip map[*Session]bool) *Session {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.devices[device]
+	p.turn++
+	var best *Session
+	for i := range list {
+		s := list[(p.turn+i)%len(list)]
+		if skip[s] || !s.cc.CanTakeNewRequest() {
+			continue
+		}
+		if best == nil || s.inflight.Load() < best.inflight.Load() {
+			best = s
+		}
+	}
+	return best
+}
+
+// Has reports whether device has a tunnel on this relay.
+func (p *Pool) Has(device string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.devices[device]) > 0
+}
+
+// Devices returns the devices with a tunnel on this relay.
+func (p *Pool) Devices() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names := make([]string, 0, len(p.devices))
+	for d := range p.devices {
+		names = append(names, d)
+	}
+	return names
+}
+
+// Sessions returns how many tunnels are connected.
+func (p *Pool) Sessions() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, l := range p.devices {
+		n += len(l)
+	}
+	return n
+}
+
+// Close closes every session.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	var all []*Session
+	for _, l := range p.devices {
+		all = append(all, l...)
+	}
+	p.mu.Unlock()
+	for _, s := range all {
+		s.Close()
+	}
+}
+
+// Shutdown asks every session's agent to finish its streams (HTTP/2 GOAWAY)
+// and waits until they have, or until ctx ends.
+func (p *Pool) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	var all []*Session
+	for _, l := range p.devices {
+		all = append(all, l...)
+	}
+	p.mu.Unlock()
+	errs := make([]error, len(all))
+	var wg sync.WaitGroup
+	for i, s := range all {
+		wg.Go(func() { errs[i] = s.cc.Shutdown(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// RoundTrip sends req to a tunnel of the device named by req.URL.Host. A
+// session that fails before the request left moves it to the next session;
+// with none left it returns ErrNoSession.
+func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
+	device := req.URL.Host
+	var tried map[*Session]bool
+	for {
+		s := p.pick(device, tried)
+		if s == nil {
+			return nil, fmt.Errorf("device %q: %w", device, ErrNoSession)
+		}
+		s.inflight.Add(1)
+		resp, err := s.RoundTrip(req)
+		if err == nil {
+			resp.Body = &countedBody{ReadCloser: resp.Body, s: s}
+			return resp, nil
+		}
+		s.inflight.Add(-1)
+		if !unsent(err, req) {
+			return nil, err
+		}
+		if tried == nil {
+			tried = make(map[*Session]bool)
+		}
+		tried[s] = true
+	}
+}
+
+// unsent reports whether err means that req never reached the agent, so
+// that another session may take it.
+func unsent(err error, req *http.Request) bool {
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		// A body already read in part cannot be sent again; only an
+		// unusable connection is safe to skip.
+		return errors.Is(err, http2.ErrNoCachedConn)
+	}
+	return errors.Is(err, http2.ErrNoCachedConn) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// countedBody counts a request as in flight until its response body closes.
+type countedBody struct {
+	io.ReadCloser
+	s    *Session
+	done atomic.Bool
+}
+
+func (b *countedBody) Close() error {
+	if b.done.CompareAndSwap(false, true) {
+		b.s.inflight.Add(-1)
+	}
+	return b.ReadCloser.Close()
+}
+
+// Write passes through for upgraded streams, whose body is writable.
+func (b *countedBody) Write(p []byte) (int, error) {
+	w, ok := b.ReadCloser.(io.Writer)
+	if !ok {
+		return 0, errors.New("response body is not writable")
+	}
+	return w.Write(p)
+}
+
+// CloseWrite passes a half-close through for upgraded streams.
+func (b *countedBody) CloseWrite() error {
+	if cw, ok := b.ReadCloser.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// watchedConn calls onDead once when the connection fails or closes.
+type watchedConn struct {
+	net.Conn
+	once   sync.Once
+	onDead func()
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.once.Do(c.onDead)
+	}
+	return n, err
+}
+
+func (c *watchedConn) Close() error {
+	c.once.Do(c.onDead)
+	return c.Conn.Close()
+}
