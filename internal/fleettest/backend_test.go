@@ -154,3 +154,11 @@ func sendBytes(w http.ResponseWriter, r *http.Request) {
 		n -= k
 	}
 }
+
+// httptestServer serves h on a loopback port until the test ends and returns its URL.
+func httptestServer(t *testing.T, h http.Handler) string {
+	t.Helper()
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s.URL
+}

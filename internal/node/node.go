@@ -248,3 +248,6 @@ func (n *Node) Devices() []string {
 	}
 	return names
 }
+
+// TunnelSessions returns how many native tunnels are connected.
+func (n *Node) TunnelSessions() int { return n.tunnels.Sessions() }

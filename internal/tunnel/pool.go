@@ -24,14 +24,14 @@ var ErrNoSession = errors.New("no native tunnel for the device")
 // silence and gives up after Timeout/2, so that both ends notice a silent
 // peer within Interval+Timeout.
 type Liveness struct {
-	Interval time.Duration // default 500 ms
+	Interval time.Duration // default 400 ms
 	Timeout  time.Duration // default 1 s
 }
 
 // WithDefaults fills zero fields.
 func (l Liveness) WithDefaults() Liveness {
 	if l.Interval <= 0 {
-		l.Interval = 500 * time.Millisecond
+		l.Interval = 400 * time.Millisecond
 	}
 	if l.Timeout <= 0 {
 		l.Timeout = time.Second
@@ -47,7 +47,11 @@ type Session struct {
 	cc       *http2.ClientConn
 	inflight atomic.Int64
 	pool     *Pool
+	done     chan struct{} // closed when the connection has died
 }
+
+// Done is closed when the session's connection has died or been closed.
+func (s *Session) Done() <-chan struct{} { return s.done }
 
 // Inflight returns the requests in flight on the session.
 func (s *Session) Inflight() int64 { return s.inflight.Load() }
@@ -96,8 +100,11 @@ func NewPool(l Liveness, log *slog.Logger) *Pool {
 // Add starts HTTP/2 on an accepted tunnel connection and adds the session.
 // The session leaves the pool by itself when its connection dies.
 func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, error) {
-	s := &Session{Device: device, AgentID: agentID, Instance: instance, pool: p}
-	cc, err := p.t.NewClientConn(&watchedConn{Conn: conn, onDead: func() { p.remove(s) }})
+	s := &Session{Device: device, AgentID: agentID, Instance: instance, pool: p, done: make(chan struct{})}
+	cc, err := p.t.NewClientConn(&watchedConn{Conn: conn, onDead: func() {
+		p.remove(s)
+		close(s.done)
+	}})
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("start HTTP/2 on the tunnel: %w", err)

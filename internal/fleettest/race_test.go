@@ -1,0 +1,5 @@
+//go:build race
+
+package fleettest
+
+const raceEnabled = true

@@ -1,0 +1,107 @@
+package tunnel
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var hello = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") })
+
+func get(t *testing.T, pool *Pool) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://dev/", nil)
+	resp, err := pool.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("round trip: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func TestRequestOverPipe(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	relayEnd, agentEnd := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		Serve(ctx, agentEnd, hello, Liveness{})
+	}()
+	pool := NewPool(Liveness{}, nil)
+	s, err := pool.Add(relayEnd, "dev", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, pool); got != "hello" {
+		t.Fatalf("got %q", got)
+	}
+	cancel()
+	<-served
+	<-s.Done()
+	if pool.Has("dev") {
+		t.Fatal("a closed session stayed in the pool")
+	}
+}
+
+func TestUpgradeOverTunnel(t *testing.T) {
+	{
+		backendEnd, userEnd := net.Pipe()
+		upgrader := UpgradeHandler(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Header.Get("Upgrade") != "echo" || !strings.EqualFold(r.Header.Get("Connection"), "upgrade") {
+				t.Errorf("backend saw Upgrade %q Connection %q", r.Header.Get("Upgrade"), r.Header.Get("Connection"))
+			}
+			go func() { io.Copy(userEnd, userEnd) }() // the backend echoes
+			return &http.Response{StatusCode: http.StatusSwitchingProtocols, Header: http.Header{"Upgrade": {"echo"}, "Connection": {"Upgrade"}},
+				Body: backendEnd}, nil
+		}), func(r *http.Request) *http.Request { return r.Clone(r.Context()) }, hello)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		relayEnd, agentEnd := net.Pipe()
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			Serve(ctx, agentEnd, upgrader, Liveness{})
+		}()
+		pool := NewPool(Liveness{}, nil)
+		if _, err := pool.Add(relayEnd, "dev", "", ""); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://dev/ws", nil)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "echo")
+		resp, err := pool.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Upgrade") != "echo" {
+			t.Fatalf("got %d Upgrade %q", resp.StatusCode, resp.Header.Get("Upgrade"))
+		}
+		rw := resp.Body.(io.ReadWriteCloser)
+		for _, msg := range []string{"one", "two", strings.Repeat("x", 100_000)} {
+			if _, err := io.WriteString(rw, msg); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, len(msg))
+			if _, err := io.ReadFull(rw, buf); err != nil || string(buf) != msg {
+				t.Fatalf("echo of %d bytes: err %v", len(msg), err)
+			}
+		}
+		rw.Close()
+		userEnd.Close()
+		cancel()
+		<-served
+		pool.Close()
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
