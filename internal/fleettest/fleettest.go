@@ -152,3 +152,6 @@ func mustParse(t testing.TB, s string) *url.URL {
 	}
 	return u
 }
+
+// errNotYet is what a polled condition returns while it does not hold yet.
+var errNotYet = errors.New("not yet")

@@ -70,6 +70,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.tunnels = tunnel.NewPool(cfg.Liveness, n.log)
+	n.tunnels.RegisterMetrics(n.registry)
 	if err := n.listen(); err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 )
 
@@ -302,4 +303,12 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 func (c *watchedConn) Close() error {
 	c.once.Do(c.onDead)
 	return c.Conn.Close()
+}
+
+// RegisterMetrics registers the pool's metrics with reg.
+func (p *Pool) RegisterMetrics(reg prometheus.Registerer) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchboard_tunnel_sessions",
+		Help: "Native agent tunnels connected to this relay.",
+	}, func() float64 { return float64(p.Sessions()) }))
 }

@@ -1,0 +1,199 @@
+// Command idle measures a relay's memory per idle native agent: it starts a
+// relay process, opens N native tunnels to it from this process (each served
+// by a real HTTP/2 server, pinging as agents do), lets them settle, and
+// reports the relay's resident memory and CPU per agent.
+//
+//	go run ./bench/idle -agents 10000
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
+)
+
+func main() {
+	agents := flag.Int("agents", 10000, "idle native agents to connect")
+	settle := flag.Duration("settle", 10*time.Second, "how long the agents stay idle before measuring")
+	bin := flag.String("bin", "", "switchboard binary (default: build one)")
+	flag.Parse()
+	if err := run(*agents, *settle, *bin); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(n int, settle time.Duration, bin string) error {
+	dir, err := os.MkdirTemp("", "switchboard-idle-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if bin == "" {
+		bin = filepath.Join(dir, "switchboard")
+		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/switchboard").CombinedOutput(); err != nil {
+			return fmt.Errorf("build: %v: %s", err, out)
+		}
+	}
+	port, admin := freePort(), freePort()
+	relay := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+port, "--admin-listen", "127.0.0.1:"+admin,
+		"--data", filepath.Join(dir, "data"), "--allow-anonymous-agents", "--log-level", "warn")
+	relay.Stderr = os.Stderr
+	if f, err := os.Create(filepath.Join(os.TempDir(), "idle-relay.log")); err == nil {
+		relay.Stderr = f
+	}
+	if err := relay.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		relay.Process.Kill()
+		relay.Wait()
+	}()
+	if err := waitReady("http://127.0.0.1:" + admin + "/readyz"); err != nil {
+		return err
+	}
+	pid := relay.Process.Pid
+	metrics := "http://127.0.0.1:" + admin + "/metrics"
+	base := rssKB(pid)
+	baseHeap, baseStack := gauge(metrics, "go_memstats_heap_inuse_bytes"), gauge(metrics, "go_memstats_stack_inuse_bytes")
+	fmt.Printf("relay pid %d: baseline RSS %.1f MiB\n", pid, float64(base)/1024)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	start := time.Now()
+	if err := connect(ctx, &wg, n, "http://127.0.0.1:"+port); err != nil {
+		return err
+	}
+	if err := waitSessions(metrics, n); err != nil {
+		return err
+	}
+	fmt.Printf("%d tunnels connected in %v; idling %v\n", n, time.Since(start).Round(time.Millisecond), settle)
+	cpu0, t0 := cpuTicks(pid), time.Now()
+	time.Sleep(settle)
+	cpu := float64(cpuTicks(pid)-cpu0) / 100 / time.Since(t0).Seconds()
+	rss := rssKB(pid)
+	fmt.Printf("relay RSS %.1f MiB: %.1f KiB per idle agent (baseline subtracted); relay CPU %.1f%% of one core while idle\n",
+		float64(rss)/1024, float64(rss-base)/float64(n), cpu*100)
+	heap := gauge(metrics, "go_memstats_heap_inuse_bytes") - baseHeap
+	stack := gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
+	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent; %v goroutines\n",
+		heap/1024/float64(n), stack/1024/float64(n), gauge(metrics, "go_goroutines"))
+	return nil
+}
+
+// connect opens n tunnels, each served until ctx ends.
+func connect(ctx context.Context, wg *sync.WaitGroup, n int, relay string) error {
+	u, _ := url.Parse(relay)
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	sem := make(chan struct{}, 64)
+	errc := make(chan error, 1)
+	for i := 0; i < n; i++ {
+		sem <- struct{}{}
+		wg.Go(func() {
+			conn, err := tunnel.Dial(ctx, tunnel.DialConfig{Relay: u, Device: "idle-" + strconv.Itoa(i)}, nil)
+			<-sem
+			if err != nil {
+				select {
+				case errc <- fmt.Errorf("tunnel %d: %w", i, err):
+				default:
+				}
+				return
+			}
+			// Agents ping on the default interval; the generator hosts all of
+			// them on two shared cores, so it waits longer for answers.
+			tunnel.Serve(ctx, conn, hello, tunnel.Liveness{Timeout: 10 * time.Second})
+		})
+		select {
+		case err := <-errc:
+			return err
+		default:
+		}
+	}
+	return nil
+}
+
+func waitReady(u string) error {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if resp, err := http.Get(u); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+	}
+	return errors.New("relay did not become ready")
+}
+
+func waitSessions(metrics string, n int) error {
+	got := 0.0
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if got = gauge(metrics, "switchboard_tunnel_sessions"); got >= float64(n) {
+			return nil
+		}
+	}
+	return fmt.Errorf("only %v of %d tunnels registered", got, n)
+}
+
+func gauge(metrics, name string) float64 {
+	resp, err := http.Get(metrics)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+func rssKB(pid int) int64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+// cpuTicks returns the process's user+system time in clock ticks (1/100 s).
+func cpuTicks(pid int) int64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + s
+}
+
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
