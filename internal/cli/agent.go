@@ -10,8 +10,10 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // agentFlags are the raw flags of 'switchboard agent', ours and the
@@ -20,6 +22,7 @@ type agentFlags struct {
 	relays, device, backend, token, tokenFile, protocol, prefix, rootCA string
 	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket       bool
 	maxChunk, blockSize, pending                                        int
+	liveness                                                            tunnel.Liveness
 
 	// The reference agent's names, used when ours are not given.
 	relayScheme, relayAddress, backendScheme, backendAddress, backendPath string
@@ -41,6 +44,8 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.blockSize, "block-size", 64<<10, "read size from the backend in `bytes`")
 	fs.IntVar(&f.pending, "num-pending-requests", 1, "concurrent polls")
 	fs.BoolVar(&f.disableHTTP2, "disable-http2", false, "never use HTTP/2 to the backend")
+	fs.DurationVar(&f.liveness.Interval, "ping-interval", 400*time.Millisecond, "native tunnel: ping the relay after this `long` without hearing from it")
+	fs.DurationVar(&f.liveness.Timeout, "ping-timeout", time.Second, "native tunnel: give the relay up when a ping gets no answer this `long`")
 
 	// The reference agent's flag names.
 	fs.StringVar(&f.relayScheme, "relay_scheme", "https", "reference name: scheme of --relay_address")
@@ -69,6 +74,7 @@ func (f *agentFlags) config() (agent.Config, error) {
 		PreserveHost:       f.preserveHost,
 		Protocol:           f.protocol,
 		WebSocket:          f.websocket,
+		Liveness:           f.liveness,
 		RelayPrefix:        f.prefix,
 		MaxChunkSize:       f.maxChunk,
 		BlockSize:          f.blockSize,

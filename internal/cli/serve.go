@@ -34,6 +34,8 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.IntVar(&cfg.Broker.MaxPendingPerDevice, "max-pending-per-device", 64, "user `requests` that may wait for one device's agent; more get 503")
 	fs.Int64Var(&cfg.Broker.MaxBodyBytes, "max-request-body", 64<<20, "largest user request body in `bytes` for long-poll agents; larger gets 413")
 	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block in `bytes`")
+	fs.DurationVar(&cfg.Liveness.Interval, "tunnel-ping-interval", 400*time.Millisecond, "native tunnels: `interval` of the agents' pings; the relay pings after twice this silence")
+	fs.DurationVar(&cfg.Liveness.Timeout, "tunnel-ping-timeout", time.Second, "native tunnels: the relay gives a silent agent up after half this `long` past its own ping")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 25*time.Second, "how `long` a graceful shutdown lets requests and streams finish")
 	fs.BoolVar(&cfg.AllowAnonymousUsers, "allow-anonymous-users", false, "users need no token (local demos, or an authenticating proxy in front)")
 	fs.BoolVar(&cfg.AllowAnonymousAgents, "allow-anonymous-agents", false, "agents need no token (reference agents behind an authenticating ingress)")
