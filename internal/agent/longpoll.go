@@ -99,7 +99,7 @@ func (a *Agent) poll(ctx context.Context, relay *url.URL) (*wire.Request, error)
 	default:
 		return nil, fmt.Errorf("poll: %s", statusMessage(resp))
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(a.cfg.MaxRequestBytes)+1))
+	body, err := readBody(resp, a.cfg.MaxRequestBytes)
 	if err != nil {
 		return nil, fmt.Errorf("poll: read request: %w", err)
 	}
@@ -108,6 +108,18 @@ func (a *Agent) poll(ctx context.Context, relay *url.URL) (*wire.Request, error)
 		return nil, fmt.Errorf("poll: %w", err)
 	}
 	return msg, nil
+}
+
+// readBody reads a response body of at most limit bytes (one more tells the
+// decoder it is too large), in one allocation when its length is declared.
+func readBody(resp *http.Response, limit int) ([]byte, error) {
+	n := resp.ContentLength
+	if n < 0 || n > int64(limit) {
+		return io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
+	}
+	buf := make([]byte, n)
+	_, err := io.ReadFull(resp.Body, buf)
+	return buf, err
 }
 
 // handle forwards one request to the backend and streams the answer back.

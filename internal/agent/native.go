@@ -8,6 +8,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -103,6 +104,7 @@ func (a *Agent) nativeHandler() http.Handler {
 		},
 		Transport:     a.backend.Transport,
 		FlushInterval: -1,
+		BufferPool:    bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the user went away
@@ -141,3 +143,12 @@ func (a *Agent) rewriteToBackend(out, in *http.Request) {
 		}
 	}
 }
+
+// copyBuffers recycles the reverse proxy's copy buffers.
+var copyBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// bufferPool is an httputil.BufferPool over copyBuffers.
+type bufferPool struct{}
+
+func (bufferPool) Get() []byte  { return copyBuffers.Get().(*[32 << 10]byte)[:] }
+func (bufferPool) Put(b []byte) { copyBuffers.Put((*[32 << 10]byte)(b)) }

@@ -117,7 +117,7 @@ func (s *responder) pump(ctx context.Context, body io.ReadCloser, resp *http.Res
 	go func() {
 		defer close(pieces)
 		for {
-			buf := make([]byte, s.a.cfg.BlockSize)
+			buf := make([]byte, min(s.a.cfg.BlockSize, s.a.cfg.MaxChunkSize))
 			n, err := body.Read(buf)
 			if n > 0 {
 				select {
@@ -142,32 +142,39 @@ func (s *responder) pump(ctx context.Context, body io.ReadCloser, resp *http.Res
 
 	keep := time.NewTimer(s.a.cfg.KeepAlive)
 	defer keep.Stop()
-	var buf []byte
+	var buf, carry []byte // carry: a piece that did not fit in the last chunk
 	for {
-		buf = buf[:0]
-		select {
-		case p, ok := <-pieces:
-			if !ok {
-				s.finish(ctx, &wire.Response{}, resp, readErr)
+		buf = append(buf[:0], carry...)
+		carry = nil
+		if len(buf) == 0 {
+			select {
+			case p, ok := <-pieces:
+				if !ok {
+					s.finish(ctx, &wire.Response{}, resp, readErr)
+					return
+				}
+				buf = append(buf, p...)
+			case <-keep.C:
+				if s.post(ctx, &wire.Response{}) != nil {
+					return
+				}
+				keep.Reset(s.a.cfg.KeepAlive)
+				continue
+			case <-ctx.Done():
 				return
 			}
-			buf = append(buf, p...)
-		case <-keep.C:
-			if s.post(ctx, &wire.Response{}) != nil {
-				return
-			}
-			keep.Reset(s.a.cfg.KeepAlive)
-			continue
-		case <-ctx.Done():
-			return
 		}
 		closed := false
 	drain:
-		for len(buf) < s.a.cfg.MaxChunkSize {
+		for {
 			select {
 			case p, ok := <-pieces:
 				if !ok {
 					closed = true
+					break drain
+				}
+				if len(buf)+len(p) > s.a.cfg.MaxChunkSize {
+					carry = p
 					break drain
 				}
 				buf = append(buf, p...)

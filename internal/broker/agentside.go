@@ -63,20 +63,25 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 // Requeue puts back a request that Poll returned but that could not be
 // written to its agent, so that another poll gets it.
 func (b *Broker) Requeue(ex *Exchange) {
-	if !ex.state.CompareAndSwap(stateTaken, stateQueued) {
+	b.mu.Lock()
+	if b.draining {
+		b.mu.Unlock()
+		ex.fail(drainingError()) // no poll will take it any more
 		return
 	}
-	b.mu.Lock()
-	d := b.devices[ex.Device]
-	b.mu.Unlock()
-	if d != nil {
-		select {
-		case d.queue <- ex:
-			b.metrics.pending.Inc()
-			return
-		default:
-		}
+	if !ex.state.CompareAndSwap(stateTaken, stateQueued) {
+		b.mu.Unlock()
+		return
 	}
+	b.untrackLocked(ex)
+	d := b.devices[ex.Device]
+	pushed := d != nil && b.pushLocked(d, ex)
+	b.mu.Unlock()
+	if pushed {
+		b.metrics.pending.Inc()
+		return
+	}
+	ex.state.Store(stateExpired)
 	ex.fail(&Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: time.Second,
 		Message: "the agent for device " + quote(ex.Device) + " went away before taking the request"})
 }

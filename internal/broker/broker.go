@@ -184,7 +184,11 @@ func (b *Broker) forgetIdle(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for name, d := range b.devices {
-		if !b.connectedLocked(d, now, b.cfg.InactiveBackendTimeout) && len(d.queue) == 0 {
+		if b.connectedLocked(d, now, b.cfg.InactiveBackendTimeout) {
+			continue
+		}
+		b.purgeExpiredLocked(d)
+		if len(d.queue) == 0 {
 			delete(b.devices, name)
 		}
 	}

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -30,7 +31,7 @@ type Exchange struct {
 	// Device is the device name the request is for.
 	Device string
 
-	msg      []byte              // the encoded wire.Request
+	msg      *wire.Request       // the request for the agent
 	ctx      context.Context     // the user request's context
 	state    atomic.Int32        // stateQueued, stateTaken or stateExpired
 	chunks   chan *wire.Response // agent → user, unbuffered: Deliver returns once the user side took it
@@ -46,7 +47,20 @@ type Exchange struct {
 }
 
 // Message returns the encoded HttpRequest to send to the agent.
-func (ex *Exchange) Message() []byte { return ex.msg }
+func (ex *Exchange) Message() []byte {
+	var b bytes.Buffer
+	ex.msg.WriteTo(&b)
+	return b.Bytes()
+}
+
+// MessageSize returns the length of the encoded HttpRequest.
+func (ex *Exchange) MessageSize() int { return ex.msg.Size() }
+
+// WriteMessage writes the encoded HttpRequest to w without copying its body.
+func (ex *Exchange) WriteMessage(w io.Writer) error {
+	_, err := ex.msg.WriteTo(w)
+	return err
+}
 
 // take hands ex to the agent agentID unless the user side already gave up.
 func (b *Broker) take(ex *Exchange, agentID, instance string) bool {
@@ -135,7 +149,7 @@ func (b *Broker) readBody(req *http.Request) ([]byte, error) {
 	if req.ContentLength > limit {
 		return nil, tooLargeError(limit)
 	}
-	body, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
+	body, err := readAll(req.Body, req.ContentLength, limit)
 	if err != nil {
 		return nil, &Error{Status: http.StatusBadRequest, Err: err, Message: "could not read the request body: " + err.Error()}
 	}
@@ -143,6 +157,23 @@ func (b *Broker) readBody(req *http.Request) ([]byte, error) {
 		return nil, tooLargeError(limit)
 	}
 	return body, nil
+}
+
+// readAll reads r whole, at most limit+1 bytes, into one buffer sized from
+// the declared length n when there is one.
+func readAll(r io.Reader, n, limit int64) ([]byte, error) {
+	if n < 0 || n > limit {
+		return io.ReadAll(io.LimitReader(r, limit+1))
+	}
+	buf := make([]byte, n, n+1)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, err
+	}
+	// A body longer than declared is the reader's error; one more byte tells.
+	if m, _ := r.Read(buf[n : n+1]); m > 0 {
+		return buf[:n+1], nil
+	}
+	return buf, nil
 }
 
 func tooLargeError(limit int64) error {
@@ -163,14 +194,14 @@ func (b *Broker) enqueue(req *http.Request, device string, body []byte) (*Exchan
 		failed:   make(chan error, 1),
 		b:        b,
 	}
-	ex.msg = (&wire.Request{
+	ex.msg = &wire.Request{
 		ID:     ex.ID,
 		Method: req.Method,
 		URL:    wireURL(req),
 		Header: wire.HeadersFromHTTP(req.Header),
 		Body:   body,
 		Host:   req.Host,
-	}).Marshal()
+	}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -181,9 +212,7 @@ func (b *Broker) enqueue(req *http.Request, device string, body []byte) (*Exchan
 	if d == nil || !b.connectedLocked(d, time.Now(), b.cfg.InactiveBackendTimeout) {
 		return nil, nil, noAgentError(device)
 	}
-	select {
-	case d.queue <- ex:
-	default:
+	if !b.pushLocked(d, ex) {
 		return nil, nil, &Error{Status: http.StatusServiceUnavailable, RetryAfter: time.Second,
 			Message: fmt.Sprintf("device %q has %d requests waiting for its agent already; retry shortly", device, b.cfg.MaxPendingPerDevice)}
 	}
@@ -191,6 +220,43 @@ func (b *Broker) enqueue(req *http.Request, device string, body []byte) (*Exchan
 	b.metrics.pending.Inc()
 	b.metrics.active.Set(float64(len(b.exchanges)))
 	return ex, d, nil
+}
+
+// pushLocked puts ex in d's queue, first clearing out requests whose users
+// gave up when the queue is full. It reports whether there was room.
+func (b *Broker) pushLocked(d *device, ex *Exchange) bool {
+	select {
+	case d.queue <- ex:
+		return true
+	default:
+	}
+	b.purgeExpiredLocked(d)
+	select {
+	case d.queue <- ex:
+		return true
+	default:
+		return false
+	}
+}
+
+// purgeExpiredLocked drops from d's queue the requests nobody waits for any
+// more. Polls may take requests meanwhile; the rest keep their order.
+func (b *Broker) purgeExpiredLocked(d *device) {
+	var keep []*Exchange
+	for {
+		select {
+		case ex := <-d.queue:
+			if ex.state.Load() != stateExpired {
+				keep = append(keep, ex)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	for _, ex := range keep {
+		d.queue <- ex // there is room: these came out of the queue just now
+	}
 }
 
 // awaitFirst waits for the agent's first chunk of ex.

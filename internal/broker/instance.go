@@ -41,28 +41,33 @@ func (b *Broker) pollEndedLocked(id string, now time.Time, dropped bool) {
 	in.waiting--
 	in.lastSeen = now
 	in.dropped = dropped && in.waiting == 0
-	if in.waiting == 0 && len(in.exchanges) == 0 && !in.dropped {
+	if in.waiting == 0 && len(in.exchanges) == 0 {
 		delete(b.instances, id)
 	}
 }
 
-// failGoneAgents fails the requests in flight of agents whose last poll
-// dropped more than AgentGoneGrace ago with no poll since.
+// silentFactor stretches the grace for an agent whose last poll ended
+// normally: a live agent polls again at once, but a loaded one may be late.
+const silentFactor = 5
+
+// failGoneAgents fails the requests in flight of agents that stopped
+// polling: AgentGoneGrace after their last poll's connection dropped, or
+// silentFactor times that after a poll that ended normally.
 func (b *Broker) failGoneAgents(now time.Time) {
 	var doomed []*Exchange
 	b.mu.Lock()
 	for id, in := range b.instances {
-		if in.waiting > 0 || now.Sub(in.lastSeen) < b.cfg.AgentGoneGrace {
+		grace := b.cfg.AgentGoneGrace
+		if !in.dropped {
+			grace *= silentFactor
+		}
+		if in.waiting > 0 || now.Sub(in.lastSeen) < grace {
 			continue
 		}
-		if in.dropped {
-			for ex := range in.exchanges {
-				doomed = append(doomed, ex)
-			}
+		for ex := range in.exchanges {
+			doomed = append(doomed, ex)
 		}
-		if in.dropped || len(in.exchanges) == 0 {
-			delete(b.instances, id)
-		}
+		delete(b.instances, id)
 	}
 	b.mu.Unlock()
 	for _, ex := range doomed {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
@@ -54,9 +55,9 @@ func NewHandler(cfg Config) *Handler {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
-	h.mux.HandleFunc("GET /server/request", h.request)
-	h.mux.HandleFunc("POST /server/response", h.response)
-	h.mux.HandleFunc("POST /server/requeststream", h.requestStream)
+	h.mux.HandleFunc("/server/request", only(http.MethodGet, h.request))
+	h.mux.HandleFunc("/server/response", only(http.MethodPost, h.response))
+	h.mux.HandleFunc("/server/requeststream", only(http.MethodPost, h.requestStream))
 	h.mux.HandleFunc("/server/", func(w http.ResponseWriter, r *http.Request) {
 		textError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not an agent endpoint of this relay (GET /server/request, POST /server/response, POST /server/requeststream)", r.Method, r.URL.Path))
 	})
@@ -65,6 +66,18 @@ func NewHandler(cfg Config) *Handler {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// only answers 405 to methods other than method.
+func only(method string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method {
+			w.Header().Set("Allow", method)
+			textError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s takes %s, not %s", r.URL.Path, method, r.Method))
+			return
+		}
+		h(w, r)
+	}
+}
 
 // request is the long poll: it answers with one user request for the device.
 func (h *Handler) request(w http.ResponseWriter, r *http.Request) {
@@ -90,7 +103,8 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request) {
 		return // the agent went away
 	}
 	w.Header().Set("Content-Type", wire.ContentTypeRequest)
-	if _, err := w.Write(ex.Message()); err != nil {
+	w.Header().Set("Content-Length", strconv.Itoa(ex.MessageSize()))
+	if err := ex.WriteMessage(w); err != nil {
 		h.cfg.Broker.Requeue(ex)
 		return
 	}

@@ -38,10 +38,17 @@ func ParseTarget(u *url.URL, h http.Header) (t Target, ok bool, err error) {
 	if err := validateDevice(name); err != nil {
 		return Target{}, true, err
 	}
-	if hasDotSegment(u.Path) {
+	path := u.Path
+	if path == "" && u.Opaque == "" {
+		path = "/" // an absolute-form target without a path
+	}
+	if !strings.HasPrefix(path, "/") {
+		return Target{}, true, &AddressError{Msg: "the request target must be an absolute path (not '*' or an opaque URL) to reach a device"}
+	}
+	if hasDotSegment(path) {
 		return Target{}, true, &AddressError{Msg: "the path has '.' or '..' segments; send a normalized path"}
 	}
-	return Target{Device: name, Path: u.Path, RawPath: u.RawPath}, true, nil
+	return Target{Device: name, Path: path, RawPath: u.RawPath}, true, nil
 }
 
 // parseClientPath splits "<device>/<rest>" (escaped) into a target.

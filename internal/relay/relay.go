@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -58,6 +59,7 @@ func NewHandler(cfg Config) *Handler {
 		Rewrite:        rewrite,
 		Transport:      cfg.Transport,
 		ModifyResponse: promoteGRPC,
+		BufferPool:     bufferPool{},
 		ErrorHandler:   h.proxyError,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
@@ -129,13 +131,29 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.SetXForwarded()
 }
 
-// promoteGRPC moves Grpc-* response headers into the trailers, so that a
-// gRPC "trailers-only" answer, which arrives as headers over the long-poll
-// protocol and from some backends, reaches the user as trailers as gRPC
-// clients require.
+// copyBuffers recycles the reverse proxy's copy buffers.
+var copyBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// bufferPool is an httputil.BufferPool over copyBuffers.
+type bufferPool struct{}
+
+func (bufferPool) Get() []byte  { return copyBuffers.Get().(*[32 << 10]byte)[:] }
+func (bufferPool) Put(b []byte) { copyBuffers.Put((*[32 << 10]byte)(b)) }
+
+// grpcStatusHeaders are the fields a gRPC "trailers-only" answer carries.
+var grpcStatusHeaders = []string{"Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin"}
+
+// promoteGRPC moves the status fields of a gRPC "trailers-only" answer —
+// which arrives as headers over the long-poll protocol and from some
+// backends — into the trailers, where gRPC clients require them. Other
+// Grpc-* headers (Grpc-Encoding) stay headers.
 func promoteGRPC(resp *http.Response) error {
-	for k, vv := range resp.Header {
-		if !strings.HasPrefix(k, "Grpc-") {
+	if resp.Header.Get("Grpc-Status") == "" {
+		return nil
+	}
+	for _, k := range grpcStatusHeaders {
+		vv := resp.Header[k]
+		if len(vv) == 0 {
 			continue
 		}
 		if resp.Trailer == nil {

@@ -11,6 +11,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -97,6 +98,43 @@ func (r *Request) Marshal() []byte {
 	return b
 }
 
+// Size returns the length of r's encoding by WriteTo.
+func (r *Request) Size() int {
+	return len(r.head()) + len(r.Body)
+}
+
+// WriteTo writes r's encoding to w without copying the body: the fields
+// other than the body first, then the body (protobuf fields may come in any
+// order).
+func (r *Request) WriteTo(w io.Writer) (int64, error) {
+	head := r.head()
+	n, err := w.Write(head)
+	if err != nil || len(r.Body) == 0 {
+		return int64(n), err
+	}
+	m, err := w.Write(r.Body)
+	return int64(n + m), err
+}
+
+// head encodes every field of r but the body, then the body's tag and length.
+func (r *Request) head() []byte {
+	n := len(r.ID) + len(r.Method) + len(r.URL) + len(r.Host) + 40
+	for _, h := range r.Header {
+		n += len(h.Name) + len(h.Value) + 8
+	}
+	b := make([]byte, 0, n)
+	b = appendString(b, fReqID, r.ID)
+	b = appendString(b, fReqMethod, r.Method)
+	b = appendString(b, fReqURL, r.URL)
+	b = appendHeaders(b, fReqHeader, r.Header)
+	b = appendString(b, fReqHost, r.Host)
+	if len(r.Body) > 0 {
+		b = protowire.AppendTag(b, fReqBody, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(len(r.Body)))
+	}
+	return b
+}
+
 // Marshal encodes r.
 func (r *Response) Marshal() []byte {
 	n := len(r.ID) + len(r.Body) + 40
@@ -129,7 +167,17 @@ func (r *Response) Marshal() []byte {
 	return b
 }
 
-// UnmarshalRequest decodes an HttpRequest of at most limit bytes.
+// body returns the body field's bytes, which alias the input: bodies are
+// the bulk of the protocol's bytes and are not copied again.
+func body(v []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return v[:len(v):len(v)]
+}
+
+// UnmarshalRequest decodes an HttpRequest of at most limit bytes. The
+// decoded Body aliases b; every other field is a copy.
 func UnmarshalRequest(b []byte, limit int) (*Request, error) {
 	if len(b) > limit {
 		return nil, fmt.Errorf("decode HttpRequest: %d bytes exceed the %d-byte limit: %w", len(b), limit, ErrTooLarge)
@@ -149,7 +197,7 @@ func UnmarshalRequest(b []byte, limit int) (*Request, error) {
 			if typ != protowire.BytesType {
 				return errWireType
 			}
-			r.Body = append(r.Body[:0], v...)
+			r.Body = body(v)
 		case fReqHost:
 			return setString(&r.Host, typ, v)
 		}
@@ -161,7 +209,8 @@ func UnmarshalRequest(b []byte, limit int) (*Request, error) {
 	return r, nil
 }
 
-// UnmarshalResponse decodes an HttpResponse of at most limit bytes.
+// UnmarshalResponse decodes an HttpResponse of at most limit bytes. The
+// decoded Body aliases b; every other field is a copy.
 func UnmarshalResponse(b []byte, limit int) (*Response, error) {
 	if len(b) > limit {
 		return nil, fmt.Errorf("decode HttpResponse: %d bytes exceed the %d-byte limit: %w", len(b), limit, ErrTooLarge)
@@ -180,7 +229,7 @@ func UnmarshalResponse(b []byte, limit int) (*Response, error) {
 			if typ != protowire.BytesType {
 				return errWireType
 			}
-			r.Body = append(r.Body[:0], v...)
+			r.Body = body(v)
 		case fRespID:
 			return setString(&r.ID, typ, v)
 		case fRespEOF:

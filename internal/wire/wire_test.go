@@ -1103,8 +1103,9 @@ func TestSizeLimit(t *testing.T) {
 	})
 }
 
-// TestDecodedDataDoesNotAliasInput: the caller may reuse its buffer.
-func TestDecodedDataDoesNotAliasInput(t *testing.T) {
+// TestDecodedDataAliasing: the body aliases the input (it is not copied
+// again); every other field is a copy of its own.
+func TestDecodedDataAliasing(t *testing.T) {
 	in := (&wire.Response{ID: "id", Body: []byte("body"), Header: []wire.Header{{Name: "N", Value: "V"}}}).Marshal()
 	got, err := wire.UnmarshalResponse(in, testLimit)
 	if err != nil {
@@ -1113,9 +1114,33 @@ func TestDecodedDataDoesNotAliasInput(t *testing.T) {
 	for i := range in {
 		in[i] = 'X'
 	}
-	want := &wire.Response{ID: "id", Body: []byte("body"), Header: []wire.Header{{Name: "N", Value: "V"}}}
+	want := &wire.Response{ID: "id", Body: []byte("XXXX"), Header: []wire.Header{{Name: "N", Value: "V"}}}
 	if !equalResponse(got, want) {
 		t.Errorf("after overwriting the input: got %s, want %s", fmtResponse(got), fmtResponse(want))
+	}
+	if cap(got.Body) != len(got.Body) {
+		t.Errorf("the aliased body has spare capacity %d: an append would write into the input", cap(got.Body)-len(got.Body))
+	}
+}
+
+// TestRequestWriteTo: the body-last encoding decodes to the same message.
+func TestRequestWriteTo(t *testing.T) {
+	for _, m := range []*wire.Request{
+		{ID: "dev:00", Method: "POST", URL: "http://invalid/x", Header: []wire.Header{{Name: "A", Value: "b"}}, Body: []byte("payload"), Host: "h"},
+		{ID: "dev:01", Method: "GET", URL: "http://invalid/"},
+	} {
+		var buf bytes.Buffer
+		n, err := m.WriteTo(&buf)
+		if err != nil || int(n) != buf.Len() || buf.Len() != m.Size() {
+			t.Fatalf("WriteTo wrote %d (buffer %d, Size %d), err %v", n, buf.Len(), m.Size(), err)
+		}
+		got, err := wire.UnmarshalRequest(buf.Bytes(), testLimit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equalRequest(got, m) {
+			t.Errorf("got %+v, want %+v", got, m)
+		}
 	}
 }
 

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// errProtocolRefused is returned by startFleet when the agent exits with a
+// usage error, which is how it refuses a protocol it does not speak.
+var errProtocolRefused = errors.New("the agent refused the protocol")
+
+// fleet is one relay process and one agent process for a protocol.
+type fleet struct {
+	relay, agent *proc
+	relayURL     string // public base URL
+}
+
+// fleetOpts says what startFleet needs to know.
+type fleetOpts struct {
+	bin        string
+	dir        string // temp dir for data and logs
+	protocol   string
+	backendURL string
+	backend    *proc // the backend process, shared by every target
+	cfg        *config
+}
+
+// startFleet starts a relay and an agent serving the backend as the device,
+// and waits until a request through the relay reaches the backend.
+func startFleet(ctx context.Context, o fleetOpts) (*fleet, error) {
+	f := &fleet{}
+	if err := f.startRelay(ctx, o); err != nil {
+		f.stop()
+		return nil, err
+	}
+	if err := f.startAgent(ctx, o); err != nil {
+		f.stop()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *fleet) startRelay(ctx context.Context, o fleetOpts) error {
+	listen, err := freePort()
+	if err != nil {
+		return err
+	}
+	admin, err := freePort()
+	if err != nil {
+		return err
+	}
+	args := append([]string{"serve",
+		"--listen", listen, "--admin-listen", admin,
+		"--data", filepath.Join(o.dir, "relay-"+o.protocol),
+		"--allow-anonymous-users", "--allow-anonymous-agents",
+		"--drain-timeout", "2s", "--log-level", "warn",
+	}, o.cfg.RelayFlags...)
+	f.relay, err = startProc("relay", o.bin, args, childEnv(o, "relay"), filepath.Join(o.dir, "relay-"+o.protocol+".log"))
+	if err != nil {
+		return err
+	}
+	f.relayURL = "http://" + listen
+	return waitReady(ctx, f.relay, f.relayURL+"/healthz", 20*time.Second)
+}
+
+func (f *fleet) startAgent(ctx context.Context, o fleetOpts) error {
+	args := append([]string{"agent",
+		"--relay", f.relayURL, "--device", device, "--backend", o.backendURL,
+		"--protocol", o.protocol,
+		"--num-pending-requests", strconv.Itoa(o.cfg.Pending),
+		"--log-level", "info", "--log-format", "text", // connection changes only; protocolsSeen reads them
+	}, o.cfg.AgentFlags...)
+	var err error
+	f.agent, err = startProc("agent", o.bin, args, childEnv(o, "agent"), filepath.Join(o.dir, "agent-"+o.protocol+".log"))
+	if err != nil {
+		return err
+	}
+	err = waitReady(ctx, f.agent, f.deviceURL()+"/small", 20*time.Second)
+	if errors.Is(err, errExited) && f.agent.exitCode() == 2 {
+		return fmt.Errorf("%w: %w", errProtocolRefused, err)
+	}
+	return err
+}
+
+// deviceURL is the base URL of the device through the relay.
+func (f *fleet) deviceURL() string { return f.relayURL + "/client/" + device }
+
+// stop stops the agent, then the relay.
+func (f *fleet) stop() {
+	if f.agent != nil {
+		f.agent.stop()
+	}
+	if f.relay != nil {
+		f.relay.stop()
+	}
+}
+
+// protocolsSeen returns the protocols the agent's log says it connected
+// with ("protocol=NAME" in its text log), in order of first appearance. An
+// agent may fall back to another protocol than the one asked for.
+func (f *fleet) protocolsSeen() []string {
+	b, err := os.ReadFile(f.agent.logPath)
+	if err != nil {
+		return nil
+	}
+	var seen []string
+	for _, field := range strings.Fields(string(b)) {
+		if name, ok := strings.CutPrefix(field, "protocol="); ok && !slices.Contains(seen, name) {
+			seen = append(seen, name)
+		}
+	}
+	return seen
+}
+
+// childEnv is the environment added for a process: -child-env, and the CPU
+// profile file when profiling.
+func childEnv(o fleetOpts, role string) []string {
+	env := slices.Clone(o.cfg.ChildEnv)
+	if o.cfg.ProfileDir != "" {
+		env = append(env, "SWITCHBOARD_CPUPROFILE="+filepath.Join(o.cfg.ProfileDir, role+"-"+o.protocol+".pprof"))
+	}
+	return env
+}
+
+// makeTempDir creates the run's temp dir; the returned function removes it
+// unless keep is set.
+func makeTempDir(keep bool, log func(string, ...any)) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "switchboard-bench-")
+	if err != nil {
+		return "", nil, fmt.Errorf("temp dir: %w", err)
+	}
+	return dir, func() {
+		if keep {
+			log("kept %s (binary, relay data, process logs)", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}, nil
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// measureLatency times cfg.N sequential GETs of /small after cfg.Warmup
+// untimed ones, and splits each at the moment the backend handled it: the
+// way there (client → backend) and the way back (backend → client). The
+// backend is another process on this machine: both ends read the same
+// kernel wall clock.
+func measureLatency(ctx context.Context, e env, r *results) error {
+	url := e.t.base + "/small"
+	var there, back []time.Duration
+	op := func(ctx context.Context) error {
+		start := time.Now()
+		handled, err := getHandled(ctx, e.c, url)
+		if err != nil {
+			return err
+		}
+		there = append(there, handled.Sub(start))
+		back = append(back, time.Since(handled))
+		return nil
+	}
+	s, err := timeSeries(ctx, e.cfg.MaxSeries, e.cfg.Warmup, e.cfg.N, op)
+	if err != nil {
+		return err
+	}
+	r.Latency = s
+	r.ThereP50 = summarize(there[len(there)-s.N:], s.N).P50 // the timed ones, after the warm-up
+	r.BackP50 = summarize(back[len(back)-s.N:], s.N).P50
+	if e.t.relayURL == "" {
+		return nil
+	}
+	healthz := func(ctx context.Context) error { return get(ctx, e.c, e.t.relayURL+"/healthz") }
+	h, err := timeSeries(ctx, e.cfg.MaxSeries, e.cfg.Warmup, e.cfg.N, healthz)
+	r.HealthzP50 = h.P50
+	return err
+}
+
+// getHandled is get for /small, returning when the backend handled the request.
+func getHandled(ctx context.Context, c *http.Client, url string) (time.Time, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer resp.Body.Close()
+	if err := checkStatus(resp); err != nil {
+		return time.Time{}, err
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return time.Time{}, err
+	}
+	ns, err := strconv.ParseInt(resp.Header.Get(handledHeader), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("no %s header in the answer: %w", handledHeader, err)
+	}
+	return time.Unix(0, ns), nil
+}
+
+// measureRPS runs cfg.Concurrency GET loops on /small for cfg.Duration,
+// after a short untimed run that opens the connections. It also takes the
+// CPU time the backend spent per request and, through a relay, the relay's
+// and the agent's.
+func measureRPS(ctx context.Context, e env, r *results) error {
+	url := e.t.base + "/small"
+	warm := min(time.Second, e.cfg.Duration/5)
+	if _, _, err := loadLoop(ctx, e.c, url, e.cfg.Concurrency, warm); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	before, err := e.t.cpuTimes()
+	if err != nil {
+		return err
+	}
+	n, elapsed, err := loadLoop(ctx, e.c, url, e.cfg.Concurrency, e.cfg.Duration)
+	if err != nil {
+		return err
+	}
+	after, err := e.t.cpuTimes()
+	if err != nil {
+		return err
+	}
+	r.RPS = float64(n) / elapsed.Seconds()
+	if n > 0 {
+		r.BackendCPUPerReq = (after.backend - before.backend) / time.Duration(n)
+	}
+	if e.t.relay != nil && n > 0 {
+		r.RelayCPUPerReq = (after.relay - before.relay) / time.Duration(n)
+		r.AgentCPUPerReq = (after.agent - before.agent) / time.Duration(n)
+	}
+	return nil
+}
+
+// cpuTimes are the CPU times used so far by the processes of a target.
+type cpuTimes struct{ relay, agent, backend time.Duration }
+
+// cpuTimes returns the CPU time used so far by the backend and, through a
+// relay, by the relay and the agent (zeros when direct).
+func (t target) cpuTimes() (cpuTimes, error) {
+	var out cpuTimes
+	var err1, err2, err3 error
+	out.backend, err1 = t.backend.cpuTime()
+	if t.relay != nil {
+		out.relay, err2 = t.relay.cpuTime()
+		out.agent, err3 = t.agent.cpuTime()
+	}
+	return out, errors.Join(err1, err2, err3)
+}
+
+// loadLoop runs conc GET loops on url until d has passed and returns the
+// requests completed, the time until the last one ended, and the first error.
+func loadLoop(ctx context.Context, c *http.Client, url string, conc int, d time.Duration) (int64, time.Duration, error) {
+	var done atomic.Int64
+	var firstErr error
+	var once sync.Once // guards firstErr
+	var wg sync.WaitGroup
+	start := time.Now()
+	end := start.Add(d)
+	rctx, cancel := context.WithTimeout(ctx, d+30*time.Second) // bounds a stuck request
+	defer cancel()
+	for range conc {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				if err := get(rctx, c, url); err != nil {
+					once.Do(func() { firstErr = err })
+					cancel() // the others stop too
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return done.Load(), time.Since(start), firstErr
+}
