@@ -125,6 +125,7 @@ func rewrite(pr *httputil.ProxyRequest) {
 	out := pr.Out
 	out.URL.Scheme = "http"
 	out.URL.Host = t.Device
+	out.URL.Opaque = "" // ParseTarget accepts none; never pass one on
 	out.URL.Path = t.Path
 	out.URL.RawPath = t.RawPath
 	out.Host = pr.In.Host
