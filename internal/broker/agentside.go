@@ -23,7 +23,7 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 	b.mu.Lock()
 	if b.draining {
 		b.mu.Unlock()
-		return nil, ErrDraining
+		return nil, b.parkWhileDraining(ctx, instance)
 	}
 	d := b.deviceLocked(device)
 	d.waiting++
@@ -58,6 +58,33 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// parkWhileDraining holds a poll that arrives during a drain until no request
+// is in flight any more (or the poll wait passes), then ends it with
+// ErrDraining. Agents poll again at once after a 408: answering at once would
+// make every long-poll agent spin against the relay for the whole drain. The
+// held poll also shows that its agent is alive, so that failGoneAgents leaves
+// the requests it is still answering alone.
+func (b *Broker) parkWhileDraining(ctx context.Context, instance string) error {
+	b.mu.Lock()
+	b.pollStartedLocked(instance, time.Now())
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.pollEndedLocked(instance, time.Now(), ctx.Err() != nil)
+		b.mu.Unlock()
+	}()
+	timer := time.NewTimer(b.cfg.PollWait)
+	defer timer.Stop()
+	select {
+	case <-b.idle:
+	case <-b.closeCh:
+	case <-timer.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return ErrDraining
 }
 
 // Requeue puts back a request that Poll returned but that could not be

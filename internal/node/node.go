@@ -49,12 +49,12 @@ type Node struct {
 
 // Start opens everything cfg names and starts serving. Call Shutdown or
 // Close to stop.
-func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg.Complete()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2)}
+	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2)}
 	defer func() {
 		if err != nil {
 			n.closeResources()
@@ -130,7 +130,7 @@ func (n *Node) listen() error {
 	public := relay.NewHandler(relay.Config{
 		Transport:     &router.Local{Native: n.tunnels, LongPoll: n.broker},
 		Agents:        agents,
-		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Logger: n.log},
+		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Ready: n.ready.Load, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
 		Ready:         n.ready.Load,
 		Logger:        n.log,
@@ -189,8 +189,19 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	n.ready.Store(false)
 	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout)
 	n.broker.Drain()
+	// Long-poll agents post every response chunk as a new request to the
+	// public listener, so it stays open until nothing is in flight; new users
+	// meanwhile get 503, and new polls are held, then answered 408.
+	var errTunnels error
+	tunnelsDone := make(chan struct{})
+	go func() {
+		defer close(tunnelsDone)
+		errTunnels = n.tunnels.Shutdown(ctx)
+	}()
+	errWait := n.broker.Wait(ctx)
+	<-tunnelsDone
+	errWait = errors.Join(errWait, errTunnels)
 	errPublic := n.public.Shutdown(ctx)
-	errWait := errors.Join(n.broker.Wait(ctx), n.tunnels.Shutdown(ctx))
 	if errPublic != nil || errWait != nil {
 		n.log.Warn("drain deadline passed; cutting what is left")
 	}

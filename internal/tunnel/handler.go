@@ -26,11 +26,19 @@ type Authorizer func(r *http.Request, device string) (agentID string, err error)
 type Handler struct {
 	Pool      *Pool
 	Authorize Authorizer
-	Logger    *slog.Logger
+	// Ready reports whether the relay takes new tunnels; nil means always.
+	// A draining relay answers 503 so that the agent dials another.
+	Ready  func() bool
+	Logger *slog.Logger
 }
 
 // ServeHTTP implements http.Handler for Path and WebSocketPath.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.Ready != nil && !h.Ready() {
+		w.Header().Set("Retry-After", "1")
+		textError(w, http.StatusServiceUnavailable, "this relay is draining; connect to another")
+		return
+	}
 	device := r.URL.Query().Get("device")
 	if device == "" {
 		textError(w, http.StatusBadRequest, "missing the device query parameter: "+Path+"?device=<name>")

@@ -1,0 +1,418 @@
+package cli_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/agent"
+)
+
+// TestServeProcess builds the switchboard binary once and runs 'switchboard
+// serve' as a real process: signals, exit codes and the files it leaves.
+func TestServeProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "switchboard")
+	build := exec.Command("go", "build", "-o", bin, "github.com/switchboard-relay/switchboard/cmd/switchboard")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, proto := range []string{agent.ProtocolNative, agent.ProtocolLongPoll} {
+		t.Run("SIGTERM drains and exits 0/"+proto, func(t *testing.T) { testDrainOnSIGTERM(t, bin, proto) })
+	}
+	t.Run("second SIGTERM stops at once", func(t *testing.T) { testSecondSIGTERM(t, bin) })
+	t.Run("admin token written once and reused", func(t *testing.T) { testAdminToken(t, bin) })
+	t.Run("taken port fails with a message", func(t *testing.T) { testTakenPort(t, bin) })
+}
+
+// relayProc is a running 'switchboard serve'.
+type relayProc struct {
+	cmd    *exec.Cmd
+	stdout *lockedBuffer
+	stderr *lockedBuffer
+	exited chan struct{} // closed when the process has exited
+	err    error         // what Wait returned; read after exited
+	addr   string        // public listener
+	admin  string        // admin listener
+	token  string        // admin token path, from the banner
+}
+
+var banner = regexp.MustCompile(`switchboard relay listening on (\S+) \(admin (\S+)\)\nadmin token: (\S+)\n`)
+
+// startServe runs 'switchboard serve' on loopback port 0 with data in dir
+// and extra flags, and waits for its banner to learn the addresses.
+func startServe(t *testing.T, bin, dir string, flags ...string) *relayProc {
+	t.Helper()
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data", dir}, flags...)
+	p := &relayProc{cmd: exec.Command(bin, args...), stdout: new(lockedBuffer), stderr: new(lockedBuffer), exited: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("serve stderr:\n%s", p.stderr.String())
+		}
+	})
+	eventually(t, 30*time.Second, func() error {
+		if m := banner.FindStringSubmatch(p.stdout.String()); m != nil {
+			p.addr, p.admin, p.token = m[1], m[2], m[3]
+			return nil
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("serve exited before listening: %v\n%s", p.err, p.stderr.String())
+		default:
+		}
+		return fmt.Errorf("no banner yet; stdout %q", p.stdout.String())
+	})
+	return p
+}
+
+func (p *relayProc) signal(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+}
+
+// wait waits up to timeout for the process to exit and returns its exit code.
+func (p *relayProc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(timeout):
+		t.Fatalf("serve did not exit within %v", timeout)
+	}
+	var ee *exec.ExitError
+	switch {
+	case p.err == nil:
+		return 0
+	case errors.As(p.err, &ee):
+		return ee.ExitCode()
+	default:
+		t.Fatalf("wait: %v", p.err)
+		return -1
+	}
+}
+
+// streamBackend holds /stream open until release is closed; /ping answers.
+type streamBackend struct {
+	url     string
+	release chan struct{}
+}
+
+func newStreamBackend(t *testing.T) *streamBackend {
+	b := &streamBackend{release: make(chan struct{})}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ping", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "pong") })
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "start\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-b.release:
+			io.WriteString(w, "end\n")
+		case <-r.Context().Done():
+		}
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	b.url = srv.URL
+	return b
+}
+
+// runAgent runs an in-process agent for device "dev" speaking proto against
+// the relay and waits until a request reaches the backend through it.
+func runAgent(t *testing.T, p *relayProc, backend, proto string) {
+	t.Helper()
+	bu, _ := url.Parse(backend)
+	a, err := agent.New(agent.Config{
+		Relays:   []*url.URL{{Scheme: "http", Host: p.addr}},
+		Device:   "dev",
+		Backend:  bu,
+		Protocol: proto,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	c := client(t)
+	eventually(t, 15*time.Second, func() error {
+		code, err := get(c, "http://"+p.addr+"/client/dev/ping")
+		if code != http.StatusOK {
+			return fmt.Errorf("ping through the relay: %d %v", code, err)
+		}
+		return nil
+	})
+}
+
+// openStream starts GET /client/dev/stream and reads its first line.
+func openStream(t *testing.T, p *relayProc) *bufio.Reader {
+	t.Helper()
+	resp, err := client(t).Get("http://" + p.addr + "/client/dev/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); resp.StatusCode != http.StatusOK || line != "start\n" {
+		t.Fatalf("stream: %s %q %v", resp.Status, line, err)
+	}
+	return rd
+}
+
+// testDrainOnSIGTERM: with a stream in flight, SIGTERM turns /readyz 503,
+// lets the stream finish, and exits 0 once it has.
+func testDrainOnSIGTERM(t *testing.T, bin, proto string) {
+	p := startServe(t, bin, t.TempDir(), "--allow-anonymous-users", "--allow-anonymous-agents", "--drain-timeout", "20s")
+	b := newStreamBackend(t)
+	runAgent(t, p, b.url, proto)
+	c := client(t)
+	if code, err := get(c, "http://"+p.admin+"/readyz"); code != http.StatusOK {
+		t.Fatalf("admin /readyz before SIGTERM: %d %v", code, err)
+	}
+	rd := openStream(t, p)
+
+	start := time.Now()
+	p.signal(t)
+	// With a stream in flight the drain lasts until it ends: /readyz turns 503.
+	eventually(t, 10*time.Second, func() error {
+		code, err := get(c, "http://"+p.admin+"/readyz")
+		if code == http.StatusServiceUnavailable {
+			return nil
+		}
+		return fmt.Errorf("admin /readyz during the drain: %d %v, want 503", code, err)
+	})
+	select {
+	case <-p.exited:
+		t.Fatalf("serve exited with a stream in flight: %v", p.err)
+	default:
+	}
+	close(b.release)
+	if rest, err := io.ReadAll(rd); string(rest) != "end\n" || err != nil {
+		t.Fatalf("the stream in flight ended with %q, %v; want it to finish", rest, err)
+	}
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("the drain took %v although nothing was left in flight", took)
+	}
+	if !strings.Contains(p.stderr.String(), "draining") {
+		t.Fatalf("no drain in the log:\n%s", p.stderr.String())
+	}
+}
+
+// testSecondSIGTERM: a second SIGTERM during a drain held by a stream that
+// never ends stops the process at once, long before --drain-timeout.
+func testSecondSIGTERM(t *testing.T, bin string) {
+	p := startServe(t, bin, t.TempDir(), "--allow-anonymous-users", "--allow-anonymous-agents", "--drain-timeout", "30s")
+	b := newStreamBackend(t)
+	runAgent(t, p, b.url, agent.ProtocolLongPoll)
+	rd := openStream(t, p) // never released: would hold the drain for 30 s
+	c := client(t)
+
+	start := time.Now()
+	p.signal(t)
+	eventually(t, 5*time.Second, func() error {
+		if code, err := get(c, "http://"+p.admin+"/readyz"); code != http.StatusServiceUnavailable {
+			return fmt.Errorf("admin /readyz %d %v: the drain has not begun", code, err)
+		}
+		return nil
+	})
+	p.signal(t)
+	if code := p.wait(t, 5*time.Second); code != 0 {
+		t.Fatalf("exit code %d after the second SIGTERM, want 0", code)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("exited %v after the first signal, want well before the 30 s drain timeout", took)
+	}
+	if _, err := io.Copy(io.Discard, rd); err == nil {
+		t.Fatal("the stream cut by the second signal ended cleanly")
+	}
+	if !strings.Contains(p.stderr.String(), "second signal") {
+		t.Fatalf("no second-signal message in the log:\n%s", p.stderr.String())
+	}
+}
+
+// testAdminToken: the first start writes <data>/admin.token with mode 0600;
+// the second start keeps it, and it still opens the admin API.
+func testAdminToken(t *testing.T, bin string) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "admin.token")
+	p := startServe(t, bin, dir)
+	if p.token != path {
+		t.Fatalf("banner names the admin token %q, want %q", p.token, path)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatalf("admin token not written: %v", err)
+	}
+	if mode := fi.Mode().Perm(); mode != 0o600 {
+		t.Fatalf("admin token mode %v, want 0600", mode)
+	}
+	first, err := os.ReadFile(path)
+	if err != nil || len(bytes.TrimSpace(first)) == 0 {
+		t.Fatalf("admin token %q, %v", first, err)
+	}
+	checkAdminToken(t, p, first)
+	p.signal(t)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+
+	p = startServe(t, bin, dir)
+	second, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(first, second) {
+		t.Fatalf("the second start replaced the admin token")
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("admin token after the second start: %v, %v", fi.Mode(), err)
+	}
+	checkAdminToken(t, p, second) // still valid in the store the second process opened
+	p.signal(t)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+}
+
+// testTakenPort: a listener that cannot open ends serve with exit code 1
+// and a message naming it, not a panic.
+func testTakenPort(t *testing.T, bin string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cmd := exec.Command(bin, "serve", "--listen", ln.Addr().String(), "--admin-listen", "127.0.0.1:0", "--data", t.TempDir())
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatal("serve on a taken port did not exit")
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || strings.Contains(stderr.String(), "panic") ||
+		!strings.Contains(stderr.String(), "public listener") {
+		t.Fatalf("serve on a taken port: %v; want exit code 1 and a message naming the public listener, no panic; stderr:\n%s", err, stderr.String())
+	}
+}
+
+// checkAdminToken lists tokens on the admin API with token.
+func checkAdminToken(t *testing.T, p *relayProc, token []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+p.admin+"/api/v1/tokens", nil)
+	req.Header.Set("Authorization", "Bearer "+string(bytes.TrimSpace(token)))
+	resp, err := client(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("admin API with the token file's token: %s %s", resp.Status, b)
+	}
+}
+
+// client returns an HTTP client of the test's own without keep-alives.
+func client(t *testing.T) *http.Client {
+	tr := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// get returns the status of GET url, or 0 and the error.
+func get(c *http.Client, url string) (int, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
+// eventually calls f until it returns nil, failing after timeout.
+func eventually(t *testing.T, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %v", timeout, err)
+		}
+		<-tick.C
+	}
+}
+
+// lockedBuffer is an io.Writer for a process's output that the test reads
+// while the process writes.
+type lockedBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
