@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/fleettest"
 )
 
 // TestServeProcess builds the switchboard binary once and runs 'switchboard
@@ -82,7 +83,7 @@ func startServe(t *testing.T, bin, dir string, flags ...string) *relayProc {
 			t.Logf("serve stderr:\n%s", p.stderr.String())
 		}
 	})
-	eventually(t, 30*time.Second, func() error {
+	fleettest.Eventually(t, 30*time.Second, func() error {
 		if m := banner.FindStringSubmatch(p.stdout.String()); m != nil {
 			p.addr, p.admin, p.token = m[1], m[2], m[3]
 			return nil
@@ -174,7 +175,7 @@ func runAgent(t *testing.T, p *relayProc, backend, proto string) {
 		<-done
 	})
 	c := client(t)
-	eventually(t, 15*time.Second, func() error {
+	fleettest.Eventually(t, 15*time.Second, func() error {
 		code, err := get(c, "http://"+p.addr+"/client/dev/ping")
 		if code != http.StatusOK {
 			return fmt.Errorf("ping through the relay: %d %v", code, err)
@@ -213,7 +214,7 @@ func testDrainOnSIGTERM(t *testing.T, bin, proto string) {
 	start := time.Now()
 	p.signal(t)
 	// With a stream in flight the drain lasts until it ends: /readyz turns 503.
-	eventually(t, 10*time.Second, func() error {
+	fleettest.Eventually(t, 10*time.Second, func() error {
 		code, err := get(c, "http://"+p.admin+"/readyz")
 		if code == http.StatusServiceUnavailable {
 			return nil
@@ -251,7 +252,7 @@ func testSecondSIGTERM(t *testing.T, bin string) {
 
 	start := time.Now()
 	p.signal(t)
-	eventually(t, 5*time.Second, func() error {
+	fleettest.Eventually(t, 5*time.Second, func() error {
 		if code, err := get(c, "http://"+p.admin+"/readyz"); code != http.StatusServiceUnavailable {
 			return fmt.Errorf("admin /readyz %d %v: the drain has not begun", code, err)
 		}
@@ -378,24 +379,6 @@ func get(c *http.Client, url string) (int, error) {
 	defer resp.Body.Close()
 	io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode, nil
-}
-
-// eventually calls f until it returns nil, failing after timeout.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", timeout, err)
-		}
-		<-tick.C
-	}
 }
 
 // lockedBuffer is an io.Writer for a process's output that the test reads

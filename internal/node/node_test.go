@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/fleettest"
 	"github.com/switchboard-relay/switchboard/internal/node"
 )
 
@@ -107,30 +108,12 @@ func startAgent(t *testing.T, n *node.Node, backend, proto string) {
 			t.Errorf("agent: %v", err)
 		}
 	})
-	eventually(t, 10*time.Second, func() error {
+	fleettest.Eventually(t, 10*time.Second, func() error {
 		if slices.Contains(n.Devices(), device) {
 			return nil
 		}
 		return errors.New("the agent has not connected yet")
 	})
-}
-
-// eventually calls f until it returns nil, failing after timeout.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", timeout, err)
-		}
-		<-tick.C
-	}
 }
 
 // newClient returns a client of its own, closed when the test ends, so that
@@ -216,14 +199,14 @@ func TestShutdownDrainsInFlightStream(t *testing.T) {
 
 			// Not ready any more, while the stream is still running (the
 			// backend sends its next line only when told).
-			eventually(t, 5*time.Second, func() error {
+			fleettest.Eventually(t, 5*time.Second, func() error {
 				code, err := probe(probes, "http://"+n.AdminAddr()+"/readyz")
 				if code != http.StatusServiceUnavailable {
 					return fmt.Errorf("admin /readyz answered %d, %v; want 503", code, err)
 				}
 				return nil
 			})
-			eventually(t, 5*time.Second, func() error {
+			fleettest.Eventually(t, 5*time.Second, func() error {
 				code, err := probe(probes, "http://"+n.Addr()+"/readyz")
 				if code == http.StatusServiceUnavailable || refused(err) {
 					return nil
