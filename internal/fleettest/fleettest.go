@@ -17,7 +17,14 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
+
+// testLiveness keeps the tunnels' default ping interval but waits longer for
+// answers than the defaults, so that a test machine loaded by the race
+// detector does not drop tunnels; the timing itself is tested in virtual time
+// (internal/tunnel/livenesstest).
+var testLiveness = tunnel.Liveness{Interval: 400 * time.Millisecond, Timeout: 5 * time.Second}
 
 // Relay is a relay node started for a test.
 type Relay struct {
@@ -35,6 +42,7 @@ func StartRelay(t testing.TB, opts ...func(*node.Config)) *Relay {
 		Listen:      "127.0.0.1:0",
 		AdminListen: "127.0.0.1:0",
 		DataDir:     t.TempDir(),
+		Liveness:    testLiveness,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -89,6 +97,7 @@ type Agent struct {
 func StartAgent(t testing.TB, relay *Relay, device, backend, token string, opts ...func(*agent.Config)) *Agent {
 	t.Helper()
 	cfg := agent.Config{
+		Liveness:     testLiveness,
 		Relays:       []*url.URL{mustParse(t, relay.URL)},
 		Device:       device,
 		Backend:      mustParse(t, backend),
