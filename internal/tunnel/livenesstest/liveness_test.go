@@ -1,7 +1,7 @@
-// Package livenesstest checks the tunnel's ping timing in virtual time. It
-// is a package of its own so that its synctest bubble is the only one in its
-// test binary: x/net/http2 keeps channels in process-wide pools, which must
-// not cross bubbles.
+// Package livenesstest checks the tunnel's ping timing in virtual time. Its
+// synctest bubble must be the only one in its process — x/net/http2 keeps
+// channels in process-wide pools, which must not cross bubbles — so the test
+// runs the bubble in a fresh child process every time (also under -count=N).
 package livenesstest
 
 import (
@@ -9,6 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -104,6 +107,10 @@ func get(t *testing.T, pool *tunnel.Pool) {
 // SIGSTOPped process, and measures in virtual time how long the other end
 // takes to give it up. Both run in one bubble (see the package comment).
 func TestFrozenPeersAreDetected(t *testing.T) {
+	if os.Getenv(childEnv) == "" {
+		runInChild(t)
+		return
+	}
 	synctest.Test(t, func(t *testing.T) {
 		frozenAgent(t)
 		frozenRelay(t)
@@ -152,5 +159,22 @@ func frozenRelay(t *testing.T) {
 		}
 		rf.Close()
 		pool.Close()
+	}
+}
+
+// childEnv marks the child process that runs the bubble.
+const childEnv = "SWITCHBOARD_LIVENESS_CHILD"
+
+// runInChild runs this test again in a new process of the test binary.
+func runInChild(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("child process:\n%s", out)
+	if err != nil {
+		t.Fatalf("the virtual-time run failed: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatal("the child process did not run the test")
 	}
 }
