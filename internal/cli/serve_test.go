@@ -174,9 +174,9 @@ func runAgent(t *testing.T, p *relayProc, backend, proto string) {
 		cancel()
 		<-done
 	})
-	c := client(t)
+	c := fleettest.NewClient(t, false)
 	fleettest.Eventually(t, 15*time.Second, func() error {
-		code, err := get(c, "http://"+p.addr+"/client/dev/ping")
+		code, err := fleettest.Status(c, "http://"+p.addr+"/client/dev/ping")
 		if code != http.StatusOK {
 			return fmt.Errorf("ping through the relay: %d %v", code, err)
 		}
@@ -187,7 +187,7 @@ func runAgent(t *testing.T, p *relayProc, backend, proto string) {
 // openStream starts GET /client/dev/stream and reads its first line.
 func openStream(t *testing.T, p *relayProc) *bufio.Reader {
 	t.Helper()
-	resp, err := client(t).Get("http://" + p.addr + "/client/dev/stream")
+	resp, err := fleettest.NewClient(t, false).Get("http://" + p.addr + "/client/dev/stream")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,8 +205,8 @@ func testDrainOnSIGTERM(t *testing.T, bin, proto string) {
 	p := startServe(t, bin, t.TempDir(), "--allow-anonymous-users", "--allow-anonymous-agents", "--drain-timeout", "20s")
 	b := newStreamBackend(t)
 	runAgent(t, p, b.url, proto)
-	c := client(t)
-	if code, err := get(c, "http://"+p.admin+"/readyz"); code != http.StatusOK {
+	c := fleettest.NewClient(t, false)
+	if code, err := fleettest.Status(c, "http://"+p.admin+"/readyz"); code != http.StatusOK {
 		t.Fatalf("admin /readyz before SIGTERM: %d %v", code, err)
 	}
 	rd := openStream(t, p)
@@ -215,7 +215,7 @@ func testDrainOnSIGTERM(t *testing.T, bin, proto string) {
 	p.signal(t)
 	// With a stream in flight the drain lasts until it ends: /readyz turns 503.
 	fleettest.Eventually(t, 10*time.Second, func() error {
-		code, err := get(c, "http://"+p.admin+"/readyz")
+		code, err := fleettest.Status(c, "http://"+p.admin+"/readyz")
 		if code == http.StatusServiceUnavailable {
 			return nil
 		}
@@ -248,12 +248,12 @@ func testSecondSIGTERM(t *testing.T, bin string) {
 	b := newStreamBackend(t)
 	runAgent(t, p, b.url, agent.ProtocolLongPoll)
 	rd := openStream(t, p) // never released: would hold the drain for 30 s
-	c := client(t)
+	c := fleettest.NewClient(t, false)
 
 	start := time.Now()
 	p.signal(t)
 	fleettest.Eventually(t, 5*time.Second, func() error {
-		if code, err := get(c, "http://"+p.admin+"/readyz"); code != http.StatusServiceUnavailable {
+		if code, err := fleettest.Status(c, "http://"+p.admin+"/readyz"); code != http.StatusServiceUnavailable {
 			return fmt.Errorf("admin /readyz %d %v: the drain has not begun", code, err)
 		}
 		return nil
@@ -352,7 +352,7 @@ func checkAdminToken(t *testing.T, p *relayProc, token []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, "http://"+p.admin+"/api/v1/tokens", nil)
 	req.Header.Set("Authorization", "Bearer "+string(bytes.TrimSpace(token)))
-	resp, err := client(t).Do(req)
+	resp, err := fleettest.NewClient(t, false).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,24 +361,6 @@ func checkAdminToken(t *testing.T, p *relayProc, token []byte) {
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("admin API with the token file's token: %s %s", resp.Status, b)
 	}
-}
-
-// client returns an HTTP client of the test's own without keep-alives.
-func client(t *testing.T) *http.Client {
-	tr := &http.Transport{DisableKeepAlives: true}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
-
-// get returns the status of GET url, or 0 and the error.
-func get(c *http.Client, url string) (int, error) {
-	resp, err := c.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
 }
 
 // lockedBuffer is an io.Writer for a process's output that the test reads

@@ -6,6 +6,8 @@ package fleettest
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -164,3 +166,23 @@ func mustParse(t testing.TB, s string) *url.URL {
 
 // errNotYet is what a polled condition returns while it does not hold yet.
 var errNotYet = errors.New("not yet")
+
+// NewClient returns an HTTP client of the test's own whose idle connections
+// are closed when the test ends, so that none outlives it.
+func NewClient(t testing.TB, keepAlive bool) *http.Client {
+	tr := &http.Transport{DisableKeepAlives: !keepAlive}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// Status GETs url and returns the status, or 0 and the error when no HTTP
+// answer came.
+func Status(c *http.Client, url string) (int, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}

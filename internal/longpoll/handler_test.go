@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/fleettest"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
@@ -173,24 +174,6 @@ func await[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
-// eventually polls f until it returns nil or the deadline passes.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", timeout, err)
-		}
-		<-tick.C
-	}
-}
-
 // poll starts a long poll for device as agent and returns its outcome.
 func (e *env) poll(t *testing.T, device, token string) <-chan reply {
 	t.Helper()
@@ -231,7 +214,7 @@ func (e *env) take(t *testing.T, device, token string, sendUser func()) *wire.Re
 
 func (e *env) waitDevice(t *testing.T, device string) {
 	t.Helper()
-	eventually(t, 5*time.Second, func() error {
+	fleettest.Eventually(t, 5*time.Second, func() error {
 		if slices.Contains(e.broker.Devices(), device) {
 			return nil
 		}

@@ -116,29 +116,10 @@ func startAgent(t *testing.T, n *node.Node, backend, proto string) {
 	})
 }
 
-// newClient returns a client of its own, closed when the test ends, so that
-// no idle connection outlives the test.
-func newClient(t *testing.T, keepAlive bool) *http.Client {
-	tr := &http.Transport{DisableKeepAlives: !keepAlive}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
-
-// probe GETs url and returns the status, or the error when no HTTP answer came.
-func probe(c *http.Client, url string) (int, error) {
-	resp, err := c.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
-}
-
 // openStream GETs path of the device through the relay and reads the header.
 func openStream(t *testing.T, n *node.Node, path string) (*http.Response, *bufio.Reader) {
 	t.Helper()
-	resp, err := newClient(t, true).Get("http://" + n.Addr() + "/client/" + device + path)
+	resp, err := fleettest.NewClient(t, true).Get("http://" + n.Addr() + "/client/" + device + path)
 	if err != nil {
 		t.Fatalf("GET %s: %v", path, err)
 	}
@@ -170,11 +151,11 @@ func TestShutdownDrainsInFlightStream(t *testing.T) {
 			n := startNode(t)
 			b := newStepBackend(t)
 			startAgent(t, n, b.URL, proto)
-			probes := newClient(t, false)
-			if code, err := probe(probes, "http://"+n.AdminAddr()+"/readyz"); code != http.StatusOK {
+			probes := fleettest.NewClient(t, false)
+			if code, err := fleettest.Status(probes, "http://"+n.AdminAddr()+"/readyz"); code != http.StatusOK {
 				t.Fatalf("admin /readyz before the drain: %d %v", code, err)
 			}
-			if code, err := probe(probes, "http://"+n.Addr()+"/readyz"); code != http.StatusOK {
+			if code, err := fleettest.Status(probes, "http://"+n.Addr()+"/readyz"); code != http.StatusOK {
 				t.Fatalf("public /readyz before the drain: %d %v", code, err)
 			}
 
@@ -200,14 +181,14 @@ func TestShutdownDrainsInFlightStream(t *testing.T) {
 			// Not ready any more, while the stream is still running (the
 			// backend sends its next line only when told).
 			fleettest.Eventually(t, 5*time.Second, func() error {
-				code, err := probe(probes, "http://"+n.AdminAddr()+"/readyz")
+				code, err := fleettest.Status(probes, "http://"+n.AdminAddr()+"/readyz")
 				if code != http.StatusServiceUnavailable {
 					return fmt.Errorf("admin /readyz answered %d, %v; want 503", code, err)
 				}
 				return nil
 			})
 			fleettest.Eventually(t, 5*time.Second, func() error {
-				code, err := probe(probes, "http://"+n.Addr()+"/readyz")
+				code, err := fleettest.Status(probes, "http://"+n.Addr()+"/readyz")
 				if code == http.StatusServiceUnavailable || refused(err) {
 					return nil
 				}
@@ -221,7 +202,7 @@ func TestShutdownDrainsInFlightStream(t *testing.T) {
 			}
 			newPoll := make(chan pollResult, 1)
 			go func() {
-				code, err := probe(probes, "http://"+n.Addr()+"/server/request?server="+device)
+				code, err := fleettest.Status(probes, "http://"+n.Addr()+"/server/request?server="+device)
 				newPoll <- pollResult{code, err}
 			}()
 			select {
@@ -258,7 +239,7 @@ func TestShutdownDrainsInFlightStream(t *testing.T) {
 			if took := time.Since(start); took > 15*time.Second {
 				t.Fatalf("the drain took %v", took)
 			}
-			if _, err := probe(probes, "http://"+n.AdminAddr()+"/readyz"); !refused(err) {
+			if _, err := fleettest.Status(probes, "http://"+n.AdminAddr()+"/readyz"); !refused(err) {
 				t.Fatalf("admin listener after Shutdown: %v, want closed", err)
 			}
 			if err := n.Close(); err != nil {
@@ -343,7 +324,7 @@ func TestCloseIsFastAndIdempotent(t *testing.T) {
 	if _, err := io.Copy(io.Discard, rd); err == nil {
 		t.Fatal("the stream cut by Close ended cleanly")
 	}
-	if _, err := probe(newClient(t, false), "http://"+n.Addr()+"/healthz"); !refused(err) {
+	if _, err := fleettest.Status(fleettest.NewClient(t, false), "http://"+n.Addr()+"/healthz"); !refused(err) {
 		t.Fatalf("public listener after Close: %v, want closed", err)
 	}
 }
