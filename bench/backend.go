@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/switchboard-relay/switchboard/bench/cpuprofile"
 )
 
 // backend is the device's service: an HTTP server on loopback in a process of
@@ -96,7 +98,7 @@ func serveBackend(ctx context.Context, args []string, stderr io.Writer) error {
 		return &usageError{err}
 	}
 	if *profile != "" {
-		stopProfile, err := startCPUProfile(*profile)
+		stopProfile, err := cpuprofile.Start(*profile)
 		if err != nil {
 			return err
 		}

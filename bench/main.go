@@ -28,10 +28,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/bench/cpuprofile"
 )
 
 func main() {
@@ -67,7 +68,7 @@ func mainErr(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if cfg.CPUProfile != "" {
-		stopProfile, err := startCPUProfile(cfg.CPUProfile)
+		stopProfile, err := cpuprofile.Start(cfg.CPUProfile)
 		if err != nil {
 			return err
 		}
@@ -133,21 +134,4 @@ func splitList(s, sep string) []string {
 		}
 	}
 	return out
-}
-
-// startCPUProfile profiles this process into path until the returned
-// function is called.
-func startCPUProfile(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}, nil
 }

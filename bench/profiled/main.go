@@ -11,8 +11,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime/pprof"
 
+	"github.com/switchboard-relay/switchboard/bench/cpuprofile"
 	"github.com/switchboard-relay/switchboard/internal/cli"
 )
 
@@ -24,7 +24,7 @@ func main() {
 // exit code.
 func run() int {
 	if path := os.Getenv("SWITCHBOARD_CPUPROFILE"); path != "" {
-		stop, err := startProfile(path)
+		stop, err := cpuprofile.Start(path)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "profiled: %v\n", err)
 			return cli.ExitFailure
@@ -32,20 +32,4 @@ func run() int {
 		defer stop()
 	}
 	return cli.Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
-}
-
-// startProfile starts the CPU profiler writing to path.
-func startProfile(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}, nil
 }
