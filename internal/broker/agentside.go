@@ -26,15 +26,26 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 		return nil, b.parkWhileDraining(ctx, instance)
 	}
 	d := b.deviceLocked(device)
+	now := time.Now()
+	seen, known := d.agents[instance]
+	attached := !known || now.Sub(seen) >= b.cfg.PickupTimeout
 	d.waiting++
-	d.lastPoll = time.Now()
+	d.lastPoll = now
+	if d.agents == nil {
+		d.agents = map[string]time.Time{}
+	}
+	d.agents[instance] = now
 	b.pollStartedLocked(instance, d.lastPoll)
 	b.mu.Unlock()
+	if attached && b.cfg.OnAttach != nil {
+		b.cfg.OnAttach(device)
+	}
 	b.metrics.pollsWaiting.Inc()
 	defer func() {
 		b.mu.Lock()
 		d.waiting--
 		d.lastPoll = time.Now()
+		d.agents[instance] = d.lastPoll
 		b.pollEndedLocked(instance, d.lastPoll, ctx.Err() != nil)
 		b.mu.Unlock()
 		b.metrics.pollsWaiting.Dec()

@@ -41,8 +41,9 @@ type device struct {
 	queue chan *Exchange // user requests not yet handed to an agent
 
 	// Guarded by Broker.mu:
-	waiting  int       // polls waiting right now
-	lastPoll time.Time // when a poll last started or ended
+	waiting  int                  // polls waiting right now
+	lastPoll time.Time            // when a poll last started or ended
+	agents   map[string]time.Time // agent instance ("" if unnamed) → its last poll
 }
 
 // New returns a running broker. Call Close to stop it.
@@ -131,6 +132,30 @@ func (b *Broker) Devices() []string {
 	return names
 }
 
+// Presence counts, per device with a long-poll agent now, its agent
+// instances: those with a poll waiting or one that ended within the pickup
+// timeout (agents that send no instance id count as one).
+func (b *Broker) Presence() map[string]int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	window := b.cfg.PickupTimeout
+	out := map[string]int{}
+	for name, d := range b.devices {
+		if !b.connectedLocked(d, now, window) {
+			continue
+		}
+		n := 0
+		for id, seen := range d.agents {
+			if in := b.instances[id]; now.Sub(seen) < window || id != "" && in != nil && in.waiting > 0 {
+				n++
+			}
+		}
+		out[name] = max(n, 1)
+	}
+	return out
+}
+
 // connectedLocked reports whether d has a poll waiting or had one within window.
 func (b *Broker) connectedLocked(d *device, now time.Time, window time.Duration) bool {
 	return d.waiting > 0 || now.Sub(d.lastPoll) < window
@@ -184,6 +209,11 @@ func (b *Broker) forgetIdle(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for name, d := range b.devices {
+		for id, seen := range d.agents {
+			if now.Sub(seen) >= b.cfg.InactiveBackendTimeout {
+				delete(d.agents, id)
+			}
+		}
 		if b.connectedLocked(d, now, b.cfg.InactiveBackendTimeout) {
 			continue
 		}

@@ -51,6 +51,10 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Logger receives the broker's logs; nil discards them.
 	Logger *slog.Logger
+	// OnAttach, if set, is called when a device gains a long-poll agent it
+	// did not have (a new agent instance, or the first poll after a quiet
+	// spell). It must not block.
+	OnAttach func(device string)
 }
 
 // Complete fills in defaults for zero fields.

@@ -9,8 +9,11 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
 
 // defaultClientTimeout bounds each call when Client.HTTPClient is nil.
@@ -129,4 +132,88 @@ func apiError(status int, body io.Reader) error {
 		msg = "no explanation given"
 	}
 	return &APIError{Status: status, Message: msg}
+}
+
+// ListRelays returns every relay of the fleet, including those that stopped
+// beating.
+func (c *Client) ListRelays(ctx context.Context) ([]fleet.RelayStatus, error) {
+	var out []fleet.RelayStatus
+	err := c.do(ctx, http.MethodGet, PathRelays, nil, http.StatusOK, &out)
+	return out, err
+}
+
+// SetRelayDraining drains (true) or undrains (false) the relay with the
+// given id. An unknown id yields an *APIError with Status 404.
+func (c *Client) SetRelayDraining(ctx context.Context, id string, draining bool) (DrainAnswer, error) {
+	verb := "/undrain"
+	if draining {
+		verb = "/drain"
+	}
+	var out DrainAnswer
+	err := c.do(ctx, http.MethodPost, PathRelays+"/"+url.PathEscape(id)+verb, nil, http.StatusOK, &out)
+	return out, err
+}
+
+// ListDevices returns the device directory as an admin sees it.
+func (c *Client) ListDevices(ctx context.Context) ([]fleet.DeviceStatus, error) {
+	var out []fleet.DeviceStatus
+	err := c.do(ctx, http.MethodGet, PathDevices, nil, http.StatusOK, &out)
+	return out, err
+}
+
+// Device returns one device and the relay that holds it, as an admin sees
+// them. An unknown name yields an *APIError with Status 404.
+func (c *Client) Device(ctx context.Context, name string) (fleet.DeviceLink, error) {
+	var out fleet.DeviceLink
+	err := c.do(ctx, http.MethodGet, PathDevices+"/"+url.PathEscape(name), nil, http.StatusOK, &out)
+	return out, err
+}
+
+// Events returns the last limit events, oldest first.
+func (c *Client) Events(ctx context.Context, limit int) ([]fleet.Event, error) {
+	var out []fleet.Event
+	err := c.do(ctx, http.MethodGet, PathEvents+"?limit="+strconv.Itoa(limit), nil, http.StatusOK, &out)
+	return out, err
+}
+
+// FollowEvents calls fn with each event recorded from now on until ctx ends,
+// the connection breaks or fn fails. It returns nil when ctx ends.
+func (c *Client) FollowEvents(ctx context.Context, fn func(fleet.Event) error) error {
+	req, err := c.newRequest(ctx, http.MethodGet, PathEvents+"?follow=1", nil)
+	if err != nil {
+		return err
+	}
+	hc := *c.httpClient()
+	hc.Timeout = 0 // the stream lasts until ctx ends
+	resp, err := hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("%w at %s: %w", ErrUnreachable, c.BaseURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return apiError(resp.StatusCode, io.LimitReader(resp.Body, MaxBodyBytes))
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var e fleet.Event
+		if err := dec.Decode(&e); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("following events: %w", err)
+		}
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+}
+
+// Status returns the fleet summary of the relay answering.
+func (c *Client) Status(ctx context.Context) (fleet.Status, error) {
+	var out fleet.Status
+	err := c.do(ctx, http.MethodGet, PathStatus, nil, http.StatusOK, &out)
+	return out, err
 }

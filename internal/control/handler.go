@@ -37,6 +37,9 @@ type Config struct {
 	// Draining reports whether the relay is draining; /readyz answers 503
 	// "draining" while it is true. Nil means never draining.
 	Draining func() bool
+	// Fleet is the fleet state behind the relays, devices, events and
+	// status endpoints. Without it they answer 503.
+	Fleet Fleet
 	// Logger receives API failures. Nil discards.
 	Logger *slog.Logger
 }
@@ -65,6 +68,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.Handle("POST "+PathTokens, h.admin(h.createToken))
 	mux.Handle("GET "+PathTokens, h.admin(h.listTokens))
 	mux.Handle("DELETE "+PathTokens+"/{id}", h.admin(h.revokeToken))
+	h.routeFleet(mux)
 	return mux
 }
 
@@ -83,17 +87,35 @@ func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
+// principalHandler is a handler that knows who is calling.
+type principalHandler func(http.ResponseWriter, *http.Request, auth.Principal)
+
 // admin lets a request through to next only with a valid admin bearer token.
 func (h *handler) admin(next http.HandlerFunc) http.Handler {
+	return h.authorized(false, func(w http.ResponseWriter, r *http.Request, _ auth.Principal) { next(w, r) })
+}
+
+// adminOrUser lets a request through with a valid admin or user token and
+// tells next which it was.
+func (h *handler) adminOrUser(next principalHandler) http.Handler {
+	return h.authorized(true, next)
+}
+
+func (h *handler) authorized(users bool, next principalHandler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h.cfg.Tokens == nil {
 			writeError(w, http.StatusServiceUnavailable, "the token store is not available on this relay")
 			return
 		}
-		_, err := h.cfg.Tokens.AuthenticateKind(bearerToken(r), auth.KindAdmin)
+		p, err := h.cfg.Tokens.Authenticate(bearerToken(r))
+		if err == nil && p.Kind != auth.KindAdmin && !(users && p.Kind == auth.KindUser) {
+			err = auth.ErrWrongKind
+		}
 		switch {
 		case err == nil:
-			next(w, r)
+			next(w, r, p)
+		case errors.Is(err, auth.ErrWrongKind) && users:
+			writeError(w, http.StatusForbidden, "this endpoint needs an admin or user token, not an agent token")
 		case errors.Is(err, auth.ErrWrongKind):
 			writeError(w, http.StatusForbidden, "the operator API needs an admin token, not an agent or user token: "+adminTokenHint)
 		case errors.Is(err, auth.ErrNoToken):

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -27,6 +28,14 @@ type Config struct {
 	// NATSListen is where the embedded NATS server also accepts other
 	// relays; empty keeps it in-process only.
 	NATSListen string
+	// Advertise is the URL other relays and agents use to reach this relay;
+	// empty derives it from the public listener.
+	Advertise string
+	// Region labels the relay for the ranking (same region first).
+	Region string
+	// Fleet holds the heartbeat, freshness, lease and reaping settings; the
+	// node fills in the relay's identity. See fleet.Config.
+	Fleet fleet.Config
 	// AllowAnonymousUsers lets users in without a token. Default off.
 	AllowAnonymousUsers bool
 	// AllowAnonymousAgents lets agents serve any device without a token.

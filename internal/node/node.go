@@ -21,6 +21,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/control"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/router"
@@ -36,12 +37,15 @@ type Node struct {
 	tokens   *auth.Store
 	broker   *broker.Broker
 	tunnels  *tunnel.Pool
+	member   *fleet.Member
 	registry *prometheus.Registry
 	public   *http.Server
 	admin    *http.Server
 	publicLn net.Listener
 	adminLn  net.Listener
 	ready    atomic.Bool
+	healthy  atomic.Bool // serving; reported on heartbeats
+	stopping atomic.Bool // shutting down; reported on heartbeats
 	wg       sync.WaitGroup
 	errc     chan error // serve failures, buffered
 	stopOnce sync.Once
@@ -66,14 +70,23 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	bcfg := cfg.Broker
 	bcfg.Metrics, bcfg.Logger = n.registry, n.log
+	bcfg.OnAttach = func(string) {
+		if n.member != nil {
+			n.member.Changed()
+		}
+	}
 	if n.broker, err = broker.New(bcfg); err != nil {
 		return nil, err
 	}
 	n.tunnels = tunnel.NewPool(cfg.Liveness, n.log)
 	n.tunnels.RegisterMetrics(n.registry)
-	if err := n.listen(); err != nil {
+	if err := n.openListeners(); err != nil {
 		return nil, err
 	}
+	if err := n.openFleet(ctx); err != nil {
+		return nil, err
+	}
+	n.buildServers()
 	n.ready.Store(true)
 	n.serve(n.public, n.publicLn)
 	n.serve(n.admin, n.adminLn)
@@ -112,8 +125,8 @@ func (n *Node) openState(ctx context.Context) error {
 	return nil
 }
 
-// listen opens both listeners and builds their servers.
-func (n *Node) listen() error {
+// openListeners opens the public and admin listeners.
+func (n *Node) openListeners() error {
 	var err error
 	if n.publicLn, err = net.Listen("tcp", n.cfg.Listen); err != nil {
 		return fmt.Errorf("public listener: %w", err)
@@ -121,6 +134,11 @@ func (n *Node) listen() error {
 	if n.adminLn, err = net.Listen("tcp", n.cfg.AdminListen); err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
+	return nil
+}
+
+// buildServers builds the servers of both listeners.
+func (n *Node) buildServers() {
 	agents := longpoll.NewHandler(longpoll.Config{
 		Broker:        n.broker,
 		Authorize:     n.authorizeAgent,
@@ -141,11 +159,11 @@ func (n *Node) listen() error {
 	n.public.Protocols.SetUnencryptedHTTP2(true)
 	n.admin = n.newServer(control.NewHandler(control.Config{
 		Tokens:  n.tokens,
+		Fleet:   n.member,
 		Metrics: n.registry,
 		Ready:   n.ready.Load,
 		Logger:  n.log,
 	}))
-	return nil
 }
 
 func (n *Node) newServer(h http.Handler) *http.Server {
@@ -187,6 +205,7 @@ func (n *Node) Errors() <-chan error { return n.errc }
 // closed.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.ready.Store(false)
+	n.stopping.Store(true)
 	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout)
 	n.broker.Drain()
 	// Long-poll agents post every response chunk as a new request to the
@@ -216,6 +235,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 // Close stops the node at once, cutting whatever is in flight.
 func (n *Node) Close() error {
 	n.ready.Store(false)
+	n.healthy.Store(false)
 	n.stopOnce.Do(func() {
 		if n.broker != nil {
 			n.broker.Close()
@@ -235,6 +255,9 @@ func (n *Node) closeResources() {
 	}
 	if n.tunnels != nil {
 		n.tunnels.Close()
+	}
+	if n.member != nil {
+		n.member.Close()
 	}
 	for _, ln := range []net.Listener{n.publicLn, n.adminLn} {
 		if ln != nil {

@@ -52,6 +52,9 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error // set once by Close
+
+	hooksMu      sync.Mutex
+	onReconnects []func()
 }
 
 // Open completes and validates cfg, then connects to the fleet state: it
@@ -150,7 +153,25 @@ func (s *Store) onReconnect(nc *nats.Conn) {
 		return
 	}
 	s.log.Info("reconnected to NATS", attrURL, nc.ConnectedUrlRedacted())
+	s.hooksMu.Lock()
+	hooks := s.onReconnects
+	s.hooksMu.Unlock()
+	for _, fn := range hooks {
+		fn()
+	}
 }
+
+// OnReconnect registers fn to run each time the connection to NATS returns
+// after a loss, so that callers can resynchronise what they keep in memory
+// and re-publish what NATS may have lost. fn must not block.
+func (s *Store) OnReconnect(fn func()) {
+	s.hooksMu.Lock()
+	defer s.hooksMu.Unlock()
+	s.onReconnects = append(s.onReconnects, fn)
+}
+
+// Connected reports whether the connection to NATS is up right now.
+func (s *Store) Connected() bool { return s.connected.Load() && !s.closing.Load() }
 
 func (s *Store) onAsyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	if s.closing.Load() {
@@ -189,6 +210,21 @@ func (s *Store) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue
 		return nil, fmt.Errorf("store: bucket %s: %w", bucket, err)
 	}
 	return kv, nil
+}
+
+// Stream returns the JetStream stream cfg describes, creating it or
+// updating its configuration as needed. Replicas is set from the store's
+// configuration.
+func (s *Store) Stream(ctx context.Context, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	if s.closing.Load() {
+		return nil, fmt.Errorf("store: stream %s: %w", cfg.Name, ErrClosed)
+	}
+	cfg.Replicas = s.cfg.Replicas
+	st, err := s.js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: stream %s: %w", cfg.Name, err)
+	}
+	return st, nil
 }
 
 // Close flushes and closes the connection and, in embedded mode, shuts the

@@ -75,6 +75,10 @@ type Pool struct {
 	t   *http2.Transport
 	log *slog.Logger
 
+	// OnChange, if set before the first Add, is called after a session
+	// joins or leaves. It must not block.
+	OnChange func()
+
 	mu      sync.Mutex // guards the fields below
 	devices map[string][]*Session
 	turn    int // rotates the first choice among equally loaded sessions
@@ -114,12 +118,20 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 	p.mu.Lock()
 	p.devices[device] = append(p.devices[device], s)
 	p.mu.Unlock()
+	p.changed()
 	p.log.Debug("tunnel connected", "device", device, "instance", instance)
 	return s, nil
 }
 
+func (p *Pool) changed() {
+	if p.OnChange != nil {
+		p.OnChange()
+	}
+}
+
 // remove takes s out of the pool.
 func (p *Pool) remove(s *Session) {
+	defer p.changed()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	list := p.devices[s.Device]
@@ -171,6 +183,17 @@ func (p *Pool) Devices() []string {
 		names = append(names, d)
 	}
 	return names
+}
+
+// Presence counts the sessions of each device.
+func (p *Pool) Presence() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.devices))
+	for d, l := range p.devices {
+		out[d] = len(l)
+	}
+	return out
 }
 
 // Sessions returns how many tunnels are connected.

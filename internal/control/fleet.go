@@ -1,0 +1,200 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
+)
+
+// Paths of the fleet part of the operator API.
+const (
+	PathRelays  = "/api/v1/relays"  // GET; /{id}; POST /{id}/drain, /{id}/undrain
+	PathDevices = "/api/v1/devices" // GET; /{name}
+	PathEvents  = "/api/v1/events"  // GET ?limit=N; ?follow=1 streams NDJSON
+	PathStatus  = "/api/v1/status"  // GET
+)
+
+// DefaultEventsLimit is how many events GET /api/v1/events returns by default.
+const DefaultEventsLimit = 100
+
+// Fleet is the fleet state the operator API reads and changes; a
+// *fleet.Member implements it.
+type Fleet interface {
+	Relays() []fleet.RelayStatus
+	Relay(id string) (fleet.RelayStatus, error)
+	SetRelayDraining(ctx context.Context, id string, draining bool) error
+	Devices() []fleet.DeviceStatus
+	Device(name string) (fleet.DeviceLink, error)
+	Events(ctx context.Context, n int) ([]fleet.Event, error)
+	FollowEvents(ctx context.Context, fn func(fleet.Event) error) error
+	Status() fleet.Status
+}
+
+// UserDevice is a device as a user token sees it: its name, state and
+// freshness, never the relay behind it.
+type UserDevice struct {
+	Name  string `json:"name"`
+	State string `json:"state"`
+	Fresh bool   `json:"fresh"`
+}
+
+// DrainAnswer answers POST /api/v1/relays/{id}/drain and /undrain.
+type DrainAnswer struct {
+	ID       string `json:"id"`
+	Draining bool   `json:"draining"`
+}
+
+func (h *handler) routeFleet(mux *http.ServeMux) {
+	mux.Handle("GET "+PathRelays, h.admin(h.fleetOnly(h.listRelays)))
+	mux.Handle("GET "+PathRelays+"/{id}", h.admin(h.fleetOnly(h.showRelay)))
+	mux.Handle("POST "+PathRelays+"/{id}/drain", h.admin(h.fleetOnly(h.drainRelay(true))))
+	mux.Handle("POST "+PathRelays+"/{id}/undrain", h.admin(h.fleetOnly(h.drainRelay(false))))
+	mux.Handle("GET "+PathDevices, h.adminOrUser(h.fleetOnlyP(h.listDevices)))
+	mux.Handle("GET "+PathDevices+"/{name}", h.adminOrUser(h.fleetOnlyP(h.showDevice)))
+	mux.Handle("GET "+PathEvents, h.admin(h.fleetOnly(h.listEvents)))
+	mux.Handle("GET "+PathStatus, h.admin(h.fleetOnly(h.status)))
+}
+
+// fleetOnly answers 503 when the relay has no fleet state.
+func (h *handler) fleetOnly(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h.cfg.Fleet == nil {
+			writeError(w, http.StatusServiceUnavailable, "the fleet state is not available on this relay")
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (h *handler) fleetOnlyP(next principalHandler) principalHandler {
+	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+		h.fleetOnly(func(w http.ResponseWriter, r *http.Request) { next(w, r, p) })(w, r)
+	}
+}
+
+func (h *handler) listRelays(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, h.cfg.Fleet.Relays())
+}
+
+func (h *handler) showRelay(w http.ResponseWriter, r *http.Request) {
+	rs, err := h.cfg.Fleet.Relay(r.PathValue("id"))
+	if err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rs)
+}
+
+func (h *handler) drainRelay(draining bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := h.cfg.Fleet.SetRelayDraining(r.Context(), id, draining); err != nil {
+			writeFleetError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, DrainAnswer{ID: id, Draining: draining})
+	}
+}
+
+func (h *handler) listDevices(w http.ResponseWriter, _ *http.Request, p auth.Principal) {
+	all := h.cfg.Fleet.Devices()
+	if p.Kind == auth.KindAdmin {
+		writeJSON(w, http.StatusOK, all)
+		return
+	}
+	out := []UserDevice{}
+	for _, d := range all {
+		if p.Allows(d.Name) {
+			out = append(out, UserDevice{Name: d.Name, State: d.State, Fresh: d.Fresh})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *handler) showDevice(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	name := r.PathValue("name")
+	link, err := h.cfg.Fleet.Device(name)
+	if p.Kind != auth.KindAdmin && !p.Allows(name) {
+		// The same answer as an unknown device: a user learns nothing of
+		// devices it may not use.
+		err = fmt.Errorf("device %q: %w", name, fleet.ErrNotFound)
+	}
+	if err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	if p.Kind == auth.KindAdmin {
+		writeJSON(w, http.StatusOK, link)
+		return
+	}
+	writeJSON(w, http.StatusOK, UserDevice{Name: link.Name, State: link.State, Fresh: link.Fresh})
+}
+
+func (h *handler) listEvents(w http.ResponseWriter, r *http.Request) {
+	limit := DefaultEventsLimit
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > fleet.MaxEventsList {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: give a number from 1 to %d", s, fleet.MaxEventsList))
+			return
+		}
+		limit = n
+	}
+	follow := r.URL.Query().Get("follow")
+	if follow != "" && follow != "0" && follow != "1" && follow != "true" && follow != "false" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("follow %q: use 1 or 0", follow))
+		return
+	}
+	if follow == "1" || follow == "true" {
+		h.followEvents(w, r)
+		return
+	}
+	evs, err := h.cfg.Fleet.Events(r.Context(), limit)
+	if err != nil {
+		h.log.Warn("reading events", attrError, err)
+		writeError(w, http.StatusServiceUnavailable, "the event log cannot be read now (is NATS reachable?): "+err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, evs)
+}
+
+// followEvents streams events as they are recorded, one JSON object per
+// line, until the client goes away.
+func (h *handler) followEvents(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	err := h.cfg.Fleet.FollowEvents(r.Context(), func(e fleet.Event) error {
+		if err := enc.Encode(e); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	if err != nil && r.Context().Err() == nil {
+		h.log.Debug("following events ended", attrError, err)
+	}
+}
+
+func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, h.cfg.Fleet.Status())
+}
+
+func writeFleetError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, fleet.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error()+"; list them with 'switchboard ctl relays list' or 'ctl devices list'")
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, fleet.ErrConflict):
+		writeError(w, http.StatusServiceUnavailable, "the fleet state did not answer in time (is NATS reachable?): "+err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}

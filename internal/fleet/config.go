@@ -1,0 +1,114 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultBeatInterval = 2 * time.Second
+	DefaultFreshBeats   = 3
+	DefaultMaxForward   = 512
+	DefaultLostWindow   = 15 * time.Minute
+	DefaultReapAfter    = 7 * 24 * time.Hour
+	DefaultLeaseTTL     = 3 * time.Second
+)
+
+// Local is what a Member needs to know about its own relay.
+type Local interface {
+	// Presence returns the devices this relay holds agents for right now.
+	Presence() map[string]Presence
+	// AgentSessions counts agent connections (tunnels and long-poll agents).
+	AgentSessions() int
+	// Healthy is the relay's own view of its health.
+	Healthy() bool
+	// Stopping reports whether the relay is shutting down (SIGTERM): it
+	// takes no new devices. Unlike a drain, it is not sticky: the relay's
+	// next life beats without it.
+	Stopping() bool
+}
+
+// Config configures a Member. Zero fields take the defaults named on them.
+type Config struct {
+	// RelayID is this relay's id (rl-<8 hex>); see LoadOrCreateRelayID.
+	RelayID string
+	// Hostname, Region, Addresses and Version are reported on each beat.
+	Hostname  string
+	Region    string
+	Addresses []string
+	Version   string
+	// BeatInterval is how often the relay heartbeats. Default 2 s.
+	BeatInterval time.Duration
+	// FreshAfter is how recent a relay's last beat must be for it to count
+	// as fresh. Default 3 beat intervals.
+	FreshAfter time.Duration
+	// MaxForward is the ceiling of devices this relay takes. Default 512.
+	MaxForward int
+	// LostWindow: a relay stale this long is lost, and housekeeping detaches
+	// its devices in the directory. Default 15 min.
+	LostWindow time.Duration
+	// ReapAfter: housekeeping removes relays with no beat for this long and
+	// nothing attached, and devices detached this long. Default 7 days.
+	ReapAfter time.Duration
+	// LeaseTTL is the length of the housekeeping lease; it is renewed every
+	// third of it, so another node takes over at most LeaseTTL plus a third
+	// after its holder dies. Default 3 s.
+	LeaseTTL time.Duration
+	// Local reports this relay's own state. Required.
+	Local Local
+	// OnShouldDrain is called when the stored drain flag of this relay
+	// changes, with its new value, e.g. after an operator's drain. Optional;
+	// it must not block.
+	OnShouldDrain func(draining bool)
+	// Logger receives transitions; nil discards.
+	Logger *slog.Logger
+}
+
+// Complete fills in defaults.
+func (c *Config) Complete() {
+	if c.BeatInterval <= 0 {
+		c.BeatInterval = DefaultBeatInterval
+	}
+	if c.FreshAfter <= 0 {
+		c.FreshAfter = DefaultFreshBeats * c.BeatInterval
+	}
+	if c.MaxForward <= 0 {
+		c.MaxForward = DefaultMaxForward
+	}
+	if c.LostWindow <= 0 {
+		c.LostWindow = DefaultLostWindow
+	}
+	if c.ReapAfter <= 0 {
+		c.ReapAfter = DefaultReapAfter
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.OnShouldDrain == nil {
+		c.OnShouldDrain = func(bool) {}
+	}
+}
+
+// Validate rejects a configuration that cannot work.
+func (c *Config) Validate() error {
+	var errs []error
+	if !ValidRelayID(c.RelayID) {
+		errs = append(errs, fmt.Errorf("relay id %q is not of the form rl-<8 hex>", c.RelayID))
+	}
+	if c.Local == nil {
+		errs = append(errs, errors.New("fleet: Config.Local is required"))
+	}
+	if c.FreshAfter < c.BeatInterval {
+		errs = append(errs, fmt.Errorf("the fresh window %s is shorter than the beat interval %s: every relay would look stale", c.FreshAfter, c.BeatInterval))
+	}
+	if c.LostWindow < c.FreshAfter {
+		errs = append(errs, fmt.Errorf("the lost window %s is shorter than the fresh window %s", c.LostWindow, c.FreshAfter))
+	}
+	return errors.Join(errs...)
+}

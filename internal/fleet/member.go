@@ -1,0 +1,302 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/store"
+)
+
+// opTimeout bounds one NATS operation of the background loops, so that an
+// unreachable NATS delays a beat rather than stopping the loop.
+const opTimeout = 2 * time.Second
+
+// Member is one relay's part in the fleet state: it enrols and beats,
+// publishes the devices the relay holds, mirrors the relay set and the
+// device directory, and does housekeeping while it holds the lease. Its
+// read methods answer from memory and keep answering, from what they last
+// knew, while NATS is unreachable.
+type Member struct {
+	cfg      Config
+	log      *slog.Logger
+	st       *store.Store
+	relaysKV jetstream.KeyValue
+	devsKV   jetstream.KeyValue
+	leaseKV  jetstream.KeyValue
+	relays   *mirror[Relay]
+	devices  *mirror[Attachment]
+	events   *eventLog
+
+	kick        chan struct{} // asks for a reconcile of the attachments
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
+	shouldDrain atomic.Bool
+	leaseHeld   atomic.Bool
+	reachable   atomic.Bool
+
+	mu        sync.Mutex          // guards published; held by the reconcile loop
+	published map[string]Presence // what this relay last wrote per device
+	stopping  bool                // the shutdown was announced
+	hk        housekeeping        // used by the lease holder's loop only
+}
+
+// Open opens the fleet state in st for the relay cfg describes and starts the
+// member's loops; it returns once the mirrors hold the whole relay set and
+// directory and the first heartbeat is written. Close stops it.
+func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
+	cfg.Complete()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Member{
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "fleet", "relay_id", cfg.RelayID),
+		st:        st,
+		kick:      make(chan struct{}, 1),
+		published: map[string]Presence{},
+	}
+	var err error
+	if m.relaysKV, err = st.KeyValue(ctx, BucketRelays); err != nil {
+		return nil, err
+	}
+	if m.devsKV, err = st.KeyValue(ctx, BucketDevices); err != nil {
+		return nil, err
+	}
+	if m.leaseKV, err = st.KeyValue(ctx, BucketLeases); err != nil {
+		return nil, err
+	}
+	stream, err := st.Stream(ctx, eventsConfig())
+	if err != nil {
+		return nil, err
+	}
+	m.events = newEventLog(st.JetStream(), stream, m.log)
+	m.relays = newMirror[Relay](m.relaysKV, m.log, nil)
+	m.devices = newMirror[Attachment](m.devsKV, m.log, m.Changed)
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	m.wg.Go(func() { m.relays.run(runCtx) })
+	m.wg.Go(func() { m.devices.run(runCtx) })
+	m.wg.Go(func() { m.events.run(runCtx) })
+	st.OnReconnect(func() {
+		m.relays.Resync()
+		m.devices.Resync()
+		m.Changed()
+	})
+
+	if err := m.waitSynced(ctx); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if err := m.beat(ctx); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("first heartbeat: %w", err)
+	}
+	m.reachable.Store(true)
+	m.wg.Go(func() { m.beatLoop(runCtx) })
+	m.wg.Go(func() { m.reconcileLoop(runCtx) })
+	m.wg.Go(func() { m.housekeepingLoop(runCtx) })
+	return m, nil
+}
+
+// waitSynced waits until both mirrors completed their first full read.
+func (m *Member) waitSynced(ctx context.Context) error {
+	for {
+		a, _ := m.relays.status()
+		b, _ := m.devices.status()
+		if a && b {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("reading the fleet state: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops the loops, gives the housekeeping lease up and marks nothing
+// else: the relay's record stays, and goes stale when its beats stop.
+func (m *Member) Close() error {
+	m.closeOnce.Do(func() {
+		m.cancel()
+		m.wg.Wait()
+		if m.leaseHeld.Load() {
+			ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+			defer cancel()
+			_ = releaseLease(ctx, m.leaseKV, leaseHousekeeping, m.cfg.RelayID)
+		}
+	})
+	return nil
+}
+
+// ID returns this relay's id.
+func (m *Member) ID() string { return m.cfg.RelayID }
+
+// ShouldDrain reports the stored drain flag as of the last heartbeat.
+func (m *Member) ShouldDrain() bool { return m.shouldDrain.Load() }
+
+// LeaseHeld reports whether this relay runs housekeeping now.
+func (m *Member) LeaseHeld() bool { return m.leaseHeld.Load() }
+
+// Changed tells the member that the relay's devices changed, so that it
+// publishes them soon. It never blocks.
+func (m *Member) Changed() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Record adds an event to the fleet's event log.
+func (m *Member) Record(e Event) {
+	e.By = m.cfg.RelayID
+	m.events.add(e)
+}
+
+func (m *Member) beatLoop(ctx context.Context) {
+	t := time.NewTicker(m.cfg.BeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := m.beat(ctx)
+		switch {
+		case err == nil && !m.reachable.Swap(true):
+			m.log.Info("fleet state reachable again; heartbeat and attachments re-published")
+			m.relays.Resync()
+			m.devices.Resync()
+			m.Changed()
+		case err != nil && ctx.Err() == nil && m.reachable.Swap(false):
+			m.log.Warn("fleet state unreachable; serving what this relay already knows", "error", err)
+		}
+	}
+}
+
+// beat writes one heartbeat and applies its answer.
+func (m *Member) beat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	local := m.cfg.Local
+	stopping := local.Stopping()
+	ans, err := beat(ctx, m.relaysKV, m.cfg.RelayID, Report{
+		Hostname: m.cfg.Hostname, Region: m.cfg.Region, Addresses: m.cfg.Addresses,
+		Version: m.cfg.Version, Healthy: local.Healthy(), Stopping: stopping,
+		ForwardSessions: len(local.Presence()), MaxForward: m.cfg.MaxForward,
+		AgentSessions: local.AgentSessions(),
+	}, m.cfg.BeatInterval)
+	if err != nil {
+		return err
+	}
+	if ans.Enrolled {
+		m.Record(Event{Type: EventRelayEnrolled, RelayID: m.cfg.RelayID,
+			Message: fmt.Sprintf("relay %s enrolled (%s, region %q, version %s)", m.cfg.RelayID, m.cfg.Hostname, m.cfg.Region, m.cfg.Version)})
+		m.log.Info("relay enrolled in the fleet")
+	}
+	m.mu.Lock()
+	if stopping && !m.stopping {
+		m.stopping = true
+		m.Record(Event{Type: EventRelayStopping, RelayID: m.cfg.RelayID, Message: fmt.Sprintf("relay %s is shutting down", m.cfg.RelayID)})
+	}
+	m.mu.Unlock()
+	if old := m.shouldDrain.Swap(ans.ShouldDrain); old != ans.ShouldDrain {
+		if ans.ShouldDrain {
+			m.log.Info("this relay is marked draining: it takes no new devices")
+		} else {
+			m.log.Info("this relay is no longer draining")
+		}
+		m.cfg.OnShouldDrain(ans.ShouldDrain)
+	}
+	return nil
+}
+
+func (m *Member) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(m.cfg.BeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kick:
+		case <-t.C:
+		}
+		if err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
+			m.log.Debug("publishing attachments", "error", err)
+		}
+	}
+}
+
+// reconcile writes the changes between what the relay holds and what it
+// last published, and re-publishes any of its devices the directory lost
+// (a NATS restart without its files). It does not fight another relay for a
+// device whose presence here has not changed: moving devices is routing's
+// decision, not a race between heartbeats.
+func (m *Member) reconcile(ctx context.Context) error {
+	local := m.cfg.Local.Presence()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs []error
+	for dev, p := range local {
+		pub, published := m.published[dev]
+		entry, inDir := m.devices.get(deviceKey(dev))
+		if inDir && entry.RelayID == m.cfg.RelayID && entry.Agents == p.Agents && entry.Protocol == p.Protocol {
+			m.published[dev] = p
+			continue
+		}
+		if inDir && entry.RelayID != m.cfg.RelayID && published && pub == p {
+			continue
+		}
+		if err := m.attach(ctx, dev, p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.published[dev] = p
+	}
+	for dev := range m.published {
+		if _, ok := local[dev]; ok {
+			continue
+		}
+		octx, cancel := context.WithTimeout(ctx, opTimeout)
+		done, err := detach(octx, m.devsKV, m.cfg.RelayID, dev)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(m.published, dev)
+		if done {
+			m.Record(Event{Type: EventDeviceDetached, Device: dev, RelayID: m.cfg.RelayID,
+				Message: fmt.Sprintf("device %s: its last agent left relay %s", dev, m.cfg.RelayID)})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Member) attach(ctx context.Context, dev string, p Presence) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	res, err := attach(ctx, m.devsKV, m.cfg.RelayID, dev, p)
+	if err != nil {
+		return err
+	}
+	switch {
+	case res.moved:
+		m.Record(Event{Type: EventDeviceMoved, Device: dev, RelayID: m.cfg.RelayID, From: res.from,
+			Message: fmt.Sprintf("device %s moved from relay %s to relay %s", dev, res.from, m.cfg.RelayID)})
+	case res.isNew:
+		m.Record(Event{Type: EventDeviceAttached, Device: dev, RelayID: m.cfg.RelayID,
+			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, p.Agents, p.Protocol)})
+	}
+	return nil
+}

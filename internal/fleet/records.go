@@ -1,0 +1,65 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// maxAttempts bounds the retries of a compare-and-set that loses to another
+// writer.
+const maxAttempts = 8
+
+// update applies change to the JSON record under key with compare-and-set,
+// retrying when another writer got there first. change receives the current
+// record (found=false when there is none) and returns the record to write, or
+// write=false to leave the bucket as it is. It returns the record as written
+// (or as found, when nothing was written).
+func update[T any](ctx context.Context, kv jetstream.KeyValue, key string, change func(cur T, found bool) (next T, write bool, err error)) (T, error) {
+	var zero T
+	for range maxAttempts {
+		var cur T
+		var rev uint64
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return zero, err
+		default:
+			if err := json.Unmarshal(e.Value(), &cur); err != nil {
+				return zero, fmt.Errorf("record %s/%s is malformed: %w", kv.Bucket(), key, err)
+			}
+			rev = e.Revision()
+		}
+		next, write, err := change(cur, rev != 0)
+		if err != nil || !write {
+			return next, err
+		}
+		data, err := json.Marshal(next)
+		if err != nil {
+			return zero, err
+		}
+		if rev == 0 {
+			_, err = kv.Create(ctx, key, data)
+		} else {
+			_, err = kv.Update(ctx, key, data, rev)
+		}
+		if err == nil {
+			return next, nil
+		}
+		if !isConflict(err) {
+			return zero, err
+		}
+	}
+	return zero, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrConflict)
+}
+
+// isConflict reports whether err is a lost compare-and-set.
+func isConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) ||
+		errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}

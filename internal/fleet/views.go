@@ -1,0 +1,206 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// RelayStatus is a relay as the operator API shows it: its record, with
+// freshness computed at read time, never stored.
+type RelayStatus struct {
+	ID              string    `json:"id"`
+	Hostname        string    `json:"hostname"`
+	Region          string    `json:"region"`
+	Addresses       []string  `json:"addresses"`
+	Version         string    `json:"version"`
+	Healthy         bool      `json:"healthy"`
+	Fresh           bool      `json:"fresh"`
+	Draining        bool      `json:"draining"`
+	Stopping        bool      `json:"stopping"`
+	LastSeenAt      time.Time `json:"last_seen_at"`
+	EnrolledAt      time.Time `json:"enrolled_at"`
+	ForwardSessions int       `json:"forward_sessions"`
+	MaxForward      int       `json:"max_forward"`
+	AgentSessions   int       `json:"agent_sessions"`
+	AttachedDevices int       `json:"attached_devices"`
+}
+
+// Device states.
+const (
+	StateOnline  = "online"  // agents attached to a fresh relay
+	StateOffline = "offline" // no agent attached
+	StateStale   = "stale"   // attached to a relay that stopped beating
+)
+
+// DeviceStatus is a device's directory entry as an admin sees it.
+type DeviceStatus struct {
+	Name       string    `json:"name"`
+	RelayID    string    `json:"relay_id"`
+	AttachedAt time.Time `json:"attached_at"`
+	Agents     int       `json:"agents"`
+	Protocol   string    `json:"protocol"`
+	Fresh      bool      `json:"fresh"`
+	State      string    `json:"state"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// DeviceLink is the relay side of a device's path, as an admin sees it.
+type DeviceLink struct {
+	DeviceStatus
+	Relay *RelayStatus `json:"relay"` // nil when the relay is no longer known
+}
+
+// Relays returns every known relay, including those that stopped beating,
+// sorted by id.
+func (m *Member) Relays() []RelayStatus {
+	t := time.Now()
+	counts := map[string]int{}
+	for _, d := range m.devices.all() {
+		if d.Agents > 0 {
+			counts[d.RelayID]++
+		}
+	}
+	rs := m.relays.all()
+	out := make([]RelayStatus, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, m.relayStatus(r, t, counts[r.ID]))
+	}
+	slices.SortFunc(out, func(a, b RelayStatus) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Relay returns the relay with the given id.
+func (m *Member) Relay(id string) (RelayStatus, error) {
+	r, ok := m.relays.get(id)
+	if !ok {
+		return RelayStatus{}, fmt.Errorf("relay %q: %w", id, ErrNotFound)
+	}
+	n := 0
+	for _, d := range m.devices.all() {
+		if d.Agents > 0 && d.RelayID == id {
+			n++
+		}
+	}
+	return m.relayStatus(r, time.Now(), n), nil
+}
+
+func (m *Member) relayStatus(r Relay, t time.Time, attached int) RelayStatus {
+	return RelayStatus{
+		ID: r.ID, Hostname: r.Hostname, Region: r.Region, Addresses: nonNil(r.Addresses),
+		Version: r.Version, Healthy: r.Healthy, Fresh: m.fresh(r, t), Draining: r.Draining, Stopping: r.Stopping,
+		LastSeenAt: r.LastSeenAt, EnrolledAt: r.EnrolledAt,
+		ForwardSessions: r.ForwardSessions, MaxForward: r.MaxForward,
+		AgentSessions: r.AgentSessions, AttachedDevices: attached,
+	}
+}
+
+func (m *Member) fresh(r Relay, t time.Time) bool { return t.Sub(r.LastSeenAt) <= m.cfg.FreshAfter }
+
+// SetRelayDraining sets relay id's drain flag: the only way to undrain. It
+// records an event when the flag changes.
+func (m *Member) SetRelayDraining(ctx context.Context, id string, draining bool) error {
+	changed, err := setDraining(ctx, m.relaysKV, id, draining)
+	if err != nil || !changed {
+		return err
+	}
+	if draining {
+		m.Record(Event{Type: EventRelayDraining, RelayID: id, Message: fmt.Sprintf("relay %s set to drain by an operator", id)})
+	} else {
+		m.Record(Event{Type: EventRelayUndrained, RelayID: id, Message: fmt.Sprintf("relay %s undrained by an operator", id)})
+	}
+	return nil
+}
+
+// Devices returns every device in the directory, sorted by name.
+func (m *Member) Devices() []DeviceStatus {
+	t := time.Now()
+	ds := m.devices.all()
+	out := make([]DeviceStatus, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, m.deviceStatus(d, t))
+	}
+	slices.SortFunc(out, func(a, b DeviceStatus) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Device returns the directory entry of the named device and its relay.
+func (m *Member) Device(name string) (DeviceLink, error) {
+	d, ok := m.devices.get(deviceKey(name))
+	if !ok {
+		return DeviceLink{}, fmt.Errorf("device %q: %w", name, ErrNotFound)
+	}
+	link := DeviceLink{DeviceStatus: m.deviceStatus(d, time.Now())}
+	if r, err := m.Relay(d.RelayID); err == nil {
+		link.Relay = &r
+	}
+	return link, nil
+}
+
+func (m *Member) deviceStatus(d Attachment, t time.Time) DeviceStatus {
+	s := DeviceStatus{
+		Name: d.Device, RelayID: d.RelayID, AttachedAt: d.AttachedAt, Agents: d.Agents,
+		Protocol: d.Protocol, UpdatedAt: d.UpdatedAt, State: StateOffline,
+	}
+	if d.Agents > 0 {
+		r, ok := m.relays.get(d.RelayID)
+		s.Fresh = ok && m.fresh(r, t)
+		s.State = StateStale
+		if s.Fresh {
+			s.State = StateOnline
+		}
+	}
+	return s
+}
+
+// Events returns the last n events (at most MaxEventsList), oldest first.
+func (m *Member) Events(ctx context.Context, n int) ([]Event, error) {
+	return m.events.list(ctx, n)
+}
+
+// FollowEvents calls fn with each event recorded from now on, until ctx
+// ends or fn fails.
+func (m *Member) FollowEvents(ctx context.Context, fn func(Event) error) error {
+	return m.events.follow(ctx, fn)
+}
+
+// Status is a summary of the fleet as this relay sees it.
+type Status struct {
+	RelayID        string `json:"relay_id"`
+	NATSConnected  bool   `json:"nats_connected"`
+	LeaseHeld      bool   `json:"housekeeping_lease"`
+	ShouldDrain    bool   `json:"draining"`
+	Relays         int    `json:"relays"`
+	FreshRelays    int    `json:"fresh_relays"`
+	DrainingRelays int    `json:"draining_relays"`
+	Devices        int    `json:"devices"`
+	OnlineDevices  int    `json:"online_devices"`
+	EventsDropped  int64  `json:"events_dropped"`
+}
+
+// Status summarises the fleet as this relay sees it.
+func (m *Member) Status() Status {
+	s := Status{
+		RelayID: m.cfg.RelayID, NATSConnected: m.st.Connected() && m.reachable.Load(),
+		LeaseHeld: m.leaseHeld.Load(), ShouldDrain: m.shouldDrain.Load(),
+		EventsDropped: m.events.dropped.Load(),
+	}
+	for _, r := range m.Relays() {
+		s.Relays++
+		if r.Fresh {
+			s.FreshRelays++
+		}
+		if r.Draining {
+			s.DrainingRelays++
+		}
+	}
+	for _, d := range m.Devices() {
+		s.Devices++
+		if d.State == StateOnline {
+			s.OnlineDevices++
+		}
+	}
+	return s
+}

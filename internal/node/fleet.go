@@ -1,0 +1,87 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+
+	"github.com/switchboard-relay/switchboard/internal/fleet"
+)
+
+// local is the relay's own state as its fleet member reports it.
+type local struct{ n *Node }
+
+// Presence merges the devices with native tunnels and with long-poll agents.
+func (l local) Presence() map[string]fleet.Presence {
+	out := map[string]fleet.Presence{}
+	for d, k := range l.n.tunnels.Presence() {
+		out[d] = fleet.Presence{Agents: k, Protocol: "native"}
+	}
+	for d, k := range l.n.broker.Presence() {
+		p, ok := out[d]
+		p.Agents += k
+		p.Protocol = "longpoll"
+		if ok {
+			p.Protocol = "native+longpoll"
+		}
+		out[d] = p
+	}
+	return out
+}
+
+func (l local) AgentSessions() int {
+	n := l.n.tunnels.Sessions()
+	for _, k := range l.n.broker.Presence() {
+		n += k
+	}
+	return n
+}
+
+func (l local) Healthy() bool  { return l.n.healthy.Load() }
+func (l local) Stopping() bool { return l.n.stopping.Load() }
+
+// openFleet enrols the relay (its id is kept in the data dir) and starts its
+// fleet member.
+func (n *Node) openFleet(ctx context.Context) error {
+	id, created, err := fleet.LoadOrCreateRelayID(n.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if created {
+		n.log.Info("minted a relay id", "relay_id", id, "path", n.cfg.DataDir+"/"+fleet.RelayIDFile)
+	}
+	host, _ := os.Hostname()
+	fc := n.cfg.Fleet
+	fc.RelayID, fc.Hostname, fc.Region, fc.Version = id, host, n.cfg.Region, n.cfg.Version
+	fc.Addresses = []string{n.advertise(host)}
+	fc.Local = local{n}
+	fc.Logger = n.log
+	n.healthy.Store(true)
+	if n.member, err = fleet.Open(ctx, n.store, fc); err != nil {
+		return fmt.Errorf("join the fleet state: %w", err)
+	}
+	n.tunnels.OnChange = n.member.Changed
+	return nil
+}
+
+// advertise is the URL other relays and agents use to reach this relay:
+// Config.Advertise, or one derived from the public listener.
+func (n *Node) advertise(hostname string) string {
+	if n.cfg.Advertise != "" {
+		return n.cfg.Advertise
+	}
+	addr := n.publicLn.Addr().(*net.TCPAddr)
+	host := addr.IP.String()
+	if addr.IP.IsUnspecified() {
+		host = hostname
+		if host == "" {
+			host = "127.0.0.1"
+		}
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(addr.Port))
+}
+
+// Fleet returns the relay's fleet member.
+func (n *Node) Fleet() *fleet.Member { return n.member }
