@@ -91,7 +91,7 @@ func beat(ctx context.Context, kv jetstream.KeyValue, id string, r Report, inter
 		next := Relay{
 			ID: id, Hostname: r.Hostname, Region: r.Region, Addresses: nonNil(r.Addresses),
 			Version: r.Version, Healthy: r.Healthy,
-			Draining:   cur.Draining || r.Draining, Stopping: r.Stopping,
+			Draining: cur.Draining || r.Draining, Stopping: r.Stopping,
 			EnrolledAt: cur.EnrolledAt, LastSeenAt: t,
 			ForwardSessions: r.ForwardSessions, MaxForward: r.MaxForward,
 			AgentSessions: r.AgentSessions, BeatIntervalMS: interval.Milliseconds(),
