@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 )
 
@@ -23,8 +24,14 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.StringVar(&cfg.DataDir, "data", "./switchboard-data", "data `dir`: embedded NATS store and admin token")
 	nats = fs.String("nats", "", "NATS `URLs`, comma-separated; empty starts an embedded NATS server")
 	fs.StringVar(&cfg.NATSListen, "nats-listen", "", "`address` where the embedded NATS server also accepts other relays; empty = in-process only")
-	fs.String("advertise", "", "the `URL` other relays use to reach this one (used by fleet routing)")
-	fs.String("region", "", "region `label` used by fleet ranking")
+	fs.StringVar(&cfg.Advertise, "advertise", "", "the `URL` other relays and agents use to reach this one; empty derives it from --listen")
+	fs.StringVar(&cfg.Region, "region", "", "region `label` used by fleet ranking")
+	fs.DurationVar(&cfg.Fleet.BeatInterval, "heartbeat-interval", fleet.DefaultBeatInterval, "how often the relay writes its heartbeat to the fleet state (`interval`)")
+	fs.DurationVar(&cfg.Fleet.FreshAfter, "fresh-after", 0, "a relay whose last heartbeat is older than this is stale (`duration`); 0 = 3 heartbeat intervals")
+	fs.IntVar(&cfg.Fleet.MaxForward, "max-forward", fleet.DefaultMaxForward, "most `devices` this relay takes when devices are assigned")
+	fs.DurationVar(&cfg.Fleet.LostWindow, "lost-window", fleet.DefaultLostWindow, "housekeeping detaches the devices of a relay stale this `long`")
+	fs.DurationVar(&cfg.Fleet.ReapAfter, "reap-after", fleet.DefaultReapAfter, "housekeeping removes relays silent this `long` with nothing attached, and devices detached as long")
+	fs.DurationVar(&cfg.Fleet.LeaseTTL, "lease-ttl", fleet.DefaultLeaseTTL, "length of the housekeeping lease: another relay takes over at most this `long` plus a third after its holder dies")
 	port = fs.Int("port", 0, "alias of --listen :`PORT` (compatibility with the reference relay)")
 	fs.IntVar(&cfg.Broker.BlockSize, "block_size", 10240, "most user `bytes` handed to a long-poll agent per requeststream call")
 	fs.DurationVar(&cfg.Broker.InactiveRequestTimeout, "inactive_request_timeout", 60*time.Second, "504 when a long-poll agent sends nothing for this `long`")

@@ -63,20 +63,12 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		kick:      make(chan struct{}, 1),
 		published: map[string]Presence{},
 	}
-	var err error
-	if m.relaysKV, err = st.KeyValue(ctx, BucketRelays); err != nil {
-		return nil, err
-	}
-	if m.devsKV, err = st.KeyValue(ctx, BucketDevices); err != nil {
-		return nil, err
-	}
-	if m.leaseKV, err = st.KeyValue(ctx, BucketLeases); err != nil {
-		return nil, err
-	}
-	stream, err := st.Stream(ctx, eventsConfig())
+	s, err := ensureState(ctx, st)
 	if err != nil {
 		return nil, err
 	}
+	m.relaysKV, m.devsKV, m.leaseKV = s.relays, s.devices, s.leases
+	stream := s.events
 	m.events = newEventLog(st.JetStream(), stream, m.log)
 	m.relays = newMirror[Relay](m.relaysKV, m.log, nil)
 	m.devices = newMirror[Attachment](m.devsKV, m.log, m.Changed)
@@ -105,6 +97,31 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 	m.wg.Go(func() { m.reconcileLoop(runCtx) })
 	m.wg.Go(func() { m.housekeepingLoop(runCtx) })
 	return m, nil
+}
+
+// state is the handles of the fleet's buckets and stream.
+type state struct {
+	relays, devices, leases jetstream.KeyValue
+	events                  jetstream.Stream
+}
+
+// ensureState creates the buckets and the event stream, or checks that they
+// exist: at start, and again when a beat fails, since a NATS server that
+// came back without its files has none of them.
+func ensureState(ctx context.Context, st *store.Store) (state, error) {
+	var s state
+	var err error
+	if s.relays, err = st.KeyValue(ctx, BucketRelays); err != nil {
+		return s, err
+	}
+	if s.devices, err = st.KeyValue(ctx, BucketDevices); err != nil {
+		return s, err
+	}
+	if s.leases, err = st.KeyValue(ctx, BucketLeases); err != nil {
+		return s, err
+	}
+	s.events, err = st.Stream(ctx, eventsConfig())
+	return s, err
 }
 
 // waitSynced waits until both mirrors completed their first full read.
@@ -172,6 +189,14 @@ func (m *Member) beatLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		err := m.beat(ctx)
+		if err != nil && ctx.Err() == nil && m.st.Connected() {
+			// NATS answers, but the beat failed: the buckets may be gone.
+			ectx, cancel := context.WithTimeout(ctx, opTimeout)
+			if _, eerr := ensureState(ectx, m.st); eerr == nil {
+				err = m.beat(ctx)
+			}
+			cancel()
+		}
 		switch {
 		case err == nil && !m.reachable.Swap(true):
 			m.log.Info("fleet state reachable again; heartbeat and attachments re-published")

@@ -66,6 +66,28 @@ func StartRelay(t testing.TB, opts ...func(*node.Config)) *Relay {
 	}
 }
 
+// FastFleet shortens a relay's heartbeat and lease timings so that fleet
+// tests see beats, staleness and lease moves within a second or two.
+func FastFleet(c *node.Config) {
+	c.Fleet.BeatInterval = 100 * time.Millisecond
+	c.Fleet.FreshAfter = time.Second
+	c.Fleet.LeaseTTL = 600 * time.Millisecond
+}
+
+// StartFleet starts n relays sharing one NATS: the first relay's embedded
+// server, which listens on loopback for the others. Options apply to every
+// relay, after FastFleet.
+func StartFleet(t testing.TB, n int, opts ...func(*node.Config)) []*Relay {
+	t.Helper()
+	first := StartRelay(t, append([]func(*node.Config){FastFleet, func(c *node.Config) { c.NATSListen = "127.0.0.1:0" }}, opts...)...)
+	relays := []*Relay{first}
+	for range n - 1 {
+		join := func(c *node.Config) { c.NATS = []string{first.Node.NATSURL()} }
+		relays = append(relays, StartRelay(t, append([]func(*node.Config){FastFleet, join}, opts...)...))
+	}
+	return relays
+}
+
 // Token creates a token of kind for devices and returns its secret.
 func (r *Relay) Token(t testing.TB, kind auth.Kind, name string, devices ...string) string {
 	t.Helper()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"path/filepath"
 	"time"
 
@@ -107,6 +108,14 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q is not host:port (e.g. :8080 or 127.0.0.1:9090)", l.flag, l.addr))
 		}
+	}
+	if c.Advertise != "" {
+		if u, err := url.Parse(c.Advertise); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--advertise %q is not an http:// or https:// URL with a host (e.g. https://relay-1.example.com)", c.Advertise))
+		}
+	}
+	if c.Fleet.MaxForward < 0 {
+		errs = append(errs, fmt.Errorf("--max-forward %d: give a positive number of devices", c.Fleet.MaxForward))
 	}
 	if len(c.NATS) > 0 && c.NATSListen != "" {
 		errs = append(errs, errors.New("--nats-listen applies to the embedded NATS server only; drop it when --nats is set"))

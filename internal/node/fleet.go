@@ -63,6 +63,7 @@ func (n *Node) openFleet(ctx context.Context) error {
 		return fmt.Errorf("join the fleet state: %w", err)
 	}
 	n.tunnels.OnChange = n.member.Changed
+	n.member.RegisterMetrics(n.registry)
 	return nil
 }
 
@@ -85,3 +86,7 @@ func (n *Node) advertise(hostname string) string {
 
 // Fleet returns the relay's fleet member.
 func (n *Node) Fleet() *fleet.Member { return n.member }
+
+// NATSURL returns the URL at which this node's embedded NATS server accepts
+// other relays (with --nats-listen), or "" when it accepts none.
+func (n *Node) NATSURL() string { return n.store.ClientURL() }

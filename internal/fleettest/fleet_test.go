@@ -1,0 +1,192 @@
+package fleettest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/node"
+)
+
+// getJSON GETs url with a bearer token and decodes a 200 answer into v.
+func getJSON(c *http.Client, url, token string, v any) (int, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, nil
+	}
+	return resp.StatusCode, json.Unmarshal(body, v)
+}
+
+// TestFleetDirectoryAcrossRelays runs three relays on one NATS: a device's
+// agents attach to one of them, and every relay's operator API shows where,
+// with the protocol and agent count, and the device's state when they go.
+func TestFleetDirectoryAcrossRelays(t *testing.T) {
+	relays := StartFleet(t, 3)
+	c := NewClient(t, true)
+	backend := newBackend(t, "b")
+	holder := relays[1]
+	agentTok := holder.Token(t, auth.KindAgent, "", "robot-*")
+
+	for _, r := range relays {
+		Eventually(t, 10*time.Second, func() error {
+			var rs []fleet.RelayStatus
+			if _, err := getJSON(c, r.AdminURL+"/api/v1/relays", r.AdminToken, &rs); err != nil {
+				return err
+			}
+			if len(rs) != 3 {
+				return fmt.Errorf("%d relays", len(rs))
+			}
+			return nil
+		})
+	}
+
+	native := StartAgent(t, holder, "robot-1", backend.URL, agentTok)
+	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) { c.Protocol = agent.ProtocolLongPoll })
+	want := holder.Node.Fleet().ID()
+	for _, r := range relays {
+		Eventually(t, 10*time.Second, func() error {
+			var d fleet.DeviceLink
+			if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/robot-1", r.AdminToken, &d); err != nil {
+				return err
+			}
+			if d.RelayID != want || d.Agents != 2 || d.Protocol != "native+longpoll" || d.State != fleet.StateOnline {
+				return fmt.Errorf("robot-1 = %+v", d)
+			}
+			if d.Relay == nil || d.Relay.ID != want || d.Relay.AttachedDevices != 1 || d.Relay.ForwardSessions != 1 || d.Relay.AgentSessions != 2 {
+				return fmt.Errorf("robot-1's relay = %+v", d.Relay)
+			}
+			return nil
+		})
+	}
+
+	// The native agent leaves: one agent, long-poll, still online.
+	native.Stop()
+	Eventually(t, 10*time.Second, func() error {
+		var d fleet.DeviceLink
+		if _, err := getJSON(c, relays[2].AdminURL+"/api/v1/devices/robot-1", relays[2].AdminToken, &d); err != nil {
+			return err
+		}
+		if d.Agents != 1 || d.Protocol != "longpoll" {
+			return fmt.Errorf("robot-1 = %+v", d.DeviceStatus)
+		}
+		return nil
+	})
+}
+
+// TestDeviceVisibility checks who sees what: an admin sees the relay behind
+// a device; a user sees only the devices its token allows, by name, state
+// and freshness; an agent token sees nothing.
+func TestDeviceVisibility(t *testing.T) {
+	relays := StartFleet(t, 2)
+	r := relays[0]
+	c := NewClient(t, true)
+	backend := newBackend(t, "b")
+	// Tokens are made on the relay the agents dial, which knows them at once.
+	StartAgent(t, relays[1], "robot-1", backend.URL, relays[1].Token(t, auth.KindAgent, "", "robot-1"))
+	StartAgent(t, relays[1], "lab-1", backend.URL, relays[1].Token(t, auth.KindAgent, "", "lab-1"))
+	Eventually(t, 10*time.Second, func() error {
+		var ds []fleet.DeviceStatus
+		if _, err := getJSON(c, r.AdminURL+"/api/v1/devices", r.AdminToken, &ds); err != nil {
+			return err
+		}
+		if len(ds) != 2 || ds[0].Name != "lab-1" || ds[1].Name != "robot-1" || ds[1].RelayID != relays[1].Node.Fleet().ID() {
+			return fmt.Errorf("devices %+v", ds)
+		}
+		return nil
+	})
+
+	user := r.Token(t, auth.KindUser, "ann", "robot-*")
+	var raw []map[string]any
+	if code, err := getJSON(c, r.AdminURL+"/api/v1/devices", user, &raw); code != http.StatusOK || err != nil {
+		t.Fatalf("user list: %d, %v", code, err)
+	}
+	if len(raw) != 1 || raw[0]["name"] != "robot-1" || raw[0]["state"] != fleet.StateOnline || raw[0]["fresh"] != true {
+		t.Fatalf("user sees %v", raw)
+	}
+	keys := []string{}
+	for k := range raw[0] {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"fresh", "name", "state"}) {
+		t.Errorf("a user sees the fields %v; want only name, state, fresh", keys)
+	}
+
+	var one map[string]any
+	if code, err := getJSON(c, r.AdminURL+"/api/v1/devices/robot-1", user, &one); code != http.StatusOK || err != nil || len(one) != 3 {
+		t.Errorf("user show robot-1: %d, %v, %v", code, err, one)
+	}
+	// Another's device answers exactly like one that does not exist.
+	for _, name := range []string{"lab-1", "nobody"} {
+		if code, _ := getJSON(c, r.AdminURL+"/api/v1/devices/"+name, user, &one); code != http.StatusNotFound {
+			t.Errorf("user show %s: %d, want 404", name, code)
+		}
+	}
+	// The admin sees the relay behind it.
+	var link fleet.DeviceLink
+	if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/lab-1", r.AdminToken, &link); err != nil || link.Relay == nil || link.Relay.Hostname == "" || len(link.Relay.Addresses) == 0 {
+		t.Errorf("admin show lab-1: %+v, %v", link, err)
+	}
+	// Users may not list relays, events or status; agents may not list devices.
+	for _, path := range []string{"/api/v1/relays", "/api/v1/events", "/api/v1/status"} {
+		if code, _ := getJSON(c, r.AdminURL+path, user, new(any)); code != http.StatusForbidden {
+			t.Errorf("user GET %s: %d, want 403", path, code)
+		}
+	}
+	agentTok := r.Token(t, auth.KindAgent, "", "robot-1")
+	if code, _ := getJSON(c, r.AdminURL+"/api/v1/devices", agentTok, new(any)); code != http.StatusForbidden {
+		t.Errorf("agent GET devices: %d, want 403", code)
+	}
+}
+
+// TestRelayRestartKeepsIdentity restarts a relay on the same data dir: it
+// is the same relay, enrolled once.
+func TestRelayRestartKeepsIdentity(t *testing.T) {
+	relays := StartFleet(t, 2)
+	dir := t.TempDir()
+	third := StartRelay(t, FastFleet, func(c *node.Config) { c.NATS = []string{relays[0].Node.NATSURL()}; c.DataDir = dir })
+	id := third.Node.Fleet().ID()
+	third.Node.Close()
+	again := StartRelay(t, FastFleet, func(c *node.Config) { c.NATS = []string{relays[0].Node.NATSURL()}; c.DataDir = dir })
+	if again.Node.Fleet().ID() != id {
+		t.Fatalf("restarted relay has id %s, want %s", again.Node.Fleet().ID(), id)
+	}
+	Eventually(t, 10*time.Second, func() error {
+		rs := relays[0].Node.Fleet().Relays()
+		if len(rs) != 3 {
+			return fmt.Errorf("%d relays", len(rs))
+		}
+		evs, err := relays[0].Node.Fleet().Events(t.Context(), 100)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, e := range evs {
+			if e.Type == fleet.EventRelayEnrolled && e.RelayID == id {
+				n++
+			}
+		}
+		if n != 1 {
+			return errors.New("want exactly one enrolment event")
+		}
+		return nil
+	})
+}
