@@ -131,11 +131,7 @@ func (f *testFleet) join(adjust ...func(*Config)) *node {
 
 // kill stops a member the way a crash does: its loops end, and it neither
 // releases its lease nor says goodbye.
-func (n *node) kill() {
-	n.m.cancel()
-	n.m.wg.Wait()
-	n.m.leaseHeld.Store(false)
-}
+func (n *node) kill() { n.m.Abandon() }
 
 // eventually polls check until it returns nil or the deadline passes.
 func eventually(t *testing.T, within time.Duration, check func() error) {

@@ -155,6 +155,16 @@ func (m *Member) Close() error {
 	return nil
 }
 
+// Abandon stops the member's loops the way a crash would: the lease is not
+// released and nothing more is written, so the fleet sees the relay go
+// stale and another relay take the lease only when it expires. For failover
+// tests; a relay that stops on purpose calls Close.
+func (m *Member) Abandon() {
+	m.cancel()
+	m.wg.Wait()
+	m.leaseHeld.Store(false)
+}
+
 // ID returns this relay's id.
 func (m *Member) ID() string { return m.cfg.RelayID }
 

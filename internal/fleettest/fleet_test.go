@@ -162,10 +162,11 @@ func TestDeviceVisibility(t *testing.T) {
 func TestRelayRestartKeepsIdentity(t *testing.T) {
 	relays := StartFleet(t, 2)
 	dir := t.TempDir()
-	third := StartRelay(t, FastFleet, func(c *node.Config) { c.NATS = []string{relays[0].Node.NATSURL()}; c.DataDir = dir })
+	nats := func(c *node.Config) { c.NATS = relays[0].Node.Config().NATS; c.DataDir = dir }
+	third := StartRelay(t, FastFleet, nats)
 	id := third.Node.Fleet().ID()
 	third.Node.Close()
-	again := StartRelay(t, FastFleet, func(c *node.Config) { c.NATS = []string{relays[0].Node.NATSURL()}; c.DataDir = dir })
+	again := StartRelay(t, FastFleet, nats)
 	if again.Node.Fleet().ID() != id {
 		t.Fatalf("restarted relay has id %s, want %s", again.Node.Fleet().ID(), id)
 	}
@@ -189,4 +190,69 @@ func TestRelayRestartKeepsIdentity(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRelayDeathAcrossTheFleet stops one of three relays: the others see it
+// go stale (still listed), and if it ran housekeeping another relay takes
+// the lease within the lease length plus a third.
+func TestRelayDeathAcrossTheFleet(t *testing.T) {
+	relays := StartFleet(t, 3)
+	holder := func() []*Relay {
+		var out []*Relay
+		for _, r := range relays {
+			if r.Node.Fleet().LeaseHeld() {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	Eventually(t, 10*time.Second, func() error {
+		if h := holder(); len(h) != 1 {
+			return fmt.Errorf("%d lease holders", len(h))
+		}
+		return nil
+	})
+	// Stop the holder the hard way: no goodbye, the lease is not released.
+	dead := holder()[0]
+	deadID := dead.Node.Fleet().ID()
+	dead.Node.Fleet().Abandon()
+	dead.Node.Close()
+	relays = slices.DeleteFunc(relays, func(r *Relay) bool { return r == dead })
+	Eventually(t, 10*time.Second, func() error {
+		if h := holder(); len(h) != 1 {
+			return fmt.Errorf("%d lease holders", len(h))
+		}
+		for _, r := range relays {
+			rs, err := relayOf(r.Node.Fleet(), deadID)
+			if err != nil {
+				return err
+			}
+			if rs.Fresh {
+				return errors.New("the stopped relay is still fresh")
+			}
+		}
+		return nil
+	})
+	// The new holder reports it.
+	Eventually(t, 10*time.Second, func() error {
+		evs, err := relays[0].Node.Fleet().Events(t.Context(), 100)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Type == fleet.EventRelayStale && e.RelayID == deadID {
+				return nil
+			}
+		}
+		return errors.New("no relay.stale event")
+	})
+}
+
+func relayOf(m *fleet.Member, id string) (fleet.RelayStatus, error) {
+	for _, r := range m.Relays() {
+		if r.ID == id {
+			return r, nil
+		}
+	}
+	return fleet.RelayStatus{}, fmt.Errorf("relay %s not listed", id)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -74,15 +75,19 @@ func FastFleet(c *node.Config) {
 	c.Fleet.LeaseTTL = 600 * time.Millisecond
 }
 
-// StartFleet starts n relays sharing one NATS: the first relay's embedded
-// server, which listens on loopback for the others. Options apply to every
-// relay, after FastFleet.
+// StartFleet starts n relays sharing one NATS server of the test's own,
+// listening on loopback, so that any relay may be stopped. Options apply to
+// every relay, after FastFleet.
 func StartFleet(t testing.TB, n int, opts ...func(*node.Config)) []*Relay {
 	t.Helper()
-	first := StartRelay(t, append([]func(*node.Config){FastFleet, func(c *node.Config) { c.NATSListen = "127.0.0.1:0" }}, opts...)...)
-	relays := []*Relay{first}
-	for range n - 1 {
-		join := func(c *node.Config) { c.NATS = []string{first.Node.NATSURL()} }
+	st, err := store.Open(context.Background(), store.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("start the fleet's NATS: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	join := func(c *node.Config) { c.NATS = []string{st.ClientURL()} }
+	var relays []*Relay
+	for range n {
 		relays = append(relays, StartRelay(t, append([]func(*node.Config){FastFleet, join}, opts...)...))
 	}
 	return relays

@@ -90,3 +90,6 @@ func (n *Node) Fleet() *fleet.Member { return n.member }
 // NATSURL returns the URL at which this node's embedded NATS server accepts
 // other relays (with --nats-listen), or "" when it accepts none.
 func (n *Node) NATSURL() string { return n.store.ClientURL() }
+
+// Config returns the node's completed configuration.
+func (n *Node) Config() Config { return n.cfg }
