@@ -1,0 +1,126 @@
+// Package ranking decides which relay should hold a device: the relay it is
+// attached to while that relay is available (sticky), else the best of the
+// available relays, same region first, then by rendezvous hashing of
+// (device, relay id), ties by id. Every node computes the same answer from
+// the same fleet state, with no coordination and no allocation per lookup.
+//
+// Rendezvous (highest-random-weight) hashing gives each device its own
+// order of the relays: when a relay dies, its devices spread evenly over the
+// survivors, and no other device moves; a relay that joins takes nothing
+// (stickiness), and gets its share of new devices.
+package ranking
+
+// Relay is a candidate as the ranking sees it.
+type Relay struct {
+	ID     string
+	Region string
+	// Available: fresh, healthy, not draining or stopping, not vetoed.
+	Available bool
+	// Load counts the devices assigned to the relay; Capacity is its
+	// ceiling. A relay at capacity takes no new device but keeps those it
+	// has. Capacity 0 means no ceiling.
+	Load, Capacity int
+}
+
+// hasRoom reports whether r may take one more device.
+func (r *Relay) hasRoom() bool { return r.Capacity <= 0 || r.Load < r.Capacity }
+
+// Score is the rendezvous weight of device on relay id: a 64-bit hash of
+// both, mixed so that every bit depends on every input byte.
+func Score(device, id string) uint64 {
+	const (
+		offset = 14695981039346656037
+		prime  = 1099511628211
+	)
+	h := uint64(offset)
+	for i := range len(device) {
+		h ^= uint64(device[i])
+		h *= prime
+	}
+	h ^= 0xff // a separator no name byte equals, so ("ab","c") ≠ ("a","bc")
+	h *= prime
+	for i := range len(id) {
+		h ^= uint64(id[i])
+		h *= prime
+	}
+	// The splitmix64 finaliser: FNV alone is weak in its high bits.
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	h ^= h >> 31
+	return h
+}
+
+// better reports whether a ranks before b for device in region.
+func better(device, region string, a, b *Relay, sa, sb uint64) bool {
+	ra, rb := region != "" && a.Region == region, region != "" && b.Region == region
+	if ra != rb {
+		return ra
+	}
+	if sa != sb {
+		return sa > sb
+	}
+	return a.ID < b.ID
+}
+
+// Best returns the index in relays of the relay that should take device,
+// new to the fleet or moving, whose agent is in region ("" for none): the
+// best-ranked available relay with room. It returns -1 when none can.
+func Best(device, region string, relays []Relay) int {
+	best := -1
+	var bestScore uint64
+	for i := range relays {
+		r := &relays[i]
+		if !r.Available || !r.hasRoom() {
+			continue
+		}
+		s := Score(device, r.ID)
+		if best < 0 || better(device, region, r, &relays[best], s, bestScore) {
+			best, bestScore = i, s
+		}
+	}
+	return best
+}
+
+// Holder returns the index of the relay that holds device: the relay with
+// id current while it is available, whatever the ranking would prefer now
+// and whatever its load (capacity is enforced when a device is assigned,
+// never afterwards); else Best. It returns -1 when no relay can.
+func Holder(device, region, current string, relays []Relay) int {
+	if current != "" {
+		for i := range relays {
+			if relays[i].ID == current && relays[i].Available {
+				return i
+			}
+		}
+	}
+	return Best(device, region, relays)
+}
+
+// Rank writes into order the indexes of the available relays with room, best
+// first, and returns it; pass order with enough capacity (len(relays)) to
+// rank without allocating. An agent walks this list when its relay is lost.
+func Rank(device, region string, relays []Relay, order []int) []int {
+	order = order[:0]
+	for i := range relays {
+		if relays[i].Available && relays[i].hasRoom() {
+			order = append(order, i)
+		}
+	}
+	// Insertion sort: fleets are small, and it needs no closure or scratch.
+	for i := 1; i < len(order); i++ {
+		x := order[i]
+		sx := Score(device, relays[x].ID)
+		j := i
+		for ; j > 0; j-- {
+			y := order[j-1]
+			if !better(device, region, &relays[x], &relays[y], sx, Score(device, relays[y].ID)) {
+				break
+			}
+			order[j] = y
+		}
+		order[j] = x
+	}
+	return order
+}
