@@ -224,3 +224,25 @@ func (b *Broker) forgetIdle(now time.Time) {
 	}
 	b.metrics.devices.Set(float64(len(b.devices)))
 }
+
+// CancelDevice fails every request for device, queued or in flight through
+// its long-poll agents, with err, and forgets the device's agents, so that it
+// counts as detached until an agent polls again.
+func (b *Broker) CancelDevice(device string, err error) int {
+	b.mu.Lock()
+	var doomed []*Exchange
+	for _, ex := range b.exchanges {
+		if ex.Device == device {
+			doomed = append(doomed, ex)
+		}
+	}
+	if d := b.devices[device]; d != nil {
+		d.agents = nil
+		d.lastPoll = time.Time{}
+	}
+	b.mu.Unlock()
+	for _, ex := range doomed {
+		ex.fail(err)
+	}
+	return len(doomed)
+}

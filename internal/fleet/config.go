@@ -63,6 +63,9 @@ type Config struct {
 	// changes, with its new value, e.g. after an operator's drain. Optional;
 	// it must not block.
 	OnShouldDrain func(draining bool)
+	// OnCancel is called when the fleet asks this relay to drop every
+	// session of a device (CancelDevice). Optional; it must not block long.
+	OnCancel func(device, reason string)
 	// Logger receives transitions; nil discards.
 	Logger *slog.Logger
 }
@@ -92,6 +95,9 @@ func (c *Config) Complete() {
 	}
 	if c.OnShouldDrain == nil {
 		c.OnShouldDrain = func(bool) {}
+	}
+	if c.OnCancel == nil {
+		c.OnCancel = func(string, string) {}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchboard-relay/switchboard/internal/store"
@@ -35,6 +36,7 @@ type Member struct {
 	events   *eventLog
 
 	kick        chan struct{} // asks for a reconcile of the attachments
+	cancelSub   *nats.Subscription
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
 	closeOnce   sync.Once
@@ -84,6 +86,12 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		m.Changed()
 	})
 
+	sub, err := m.subscribeCancels()
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("listening for cancel requests: %w", err)
+	}
+	m.cancelSub = sub
 	if err := m.waitSynced(ctx); err != nil {
 		m.Close()
 		return nil, err
@@ -144,6 +152,9 @@ func (m *Member) waitSynced(ctx context.Context) error {
 // else: the relay's record stays, and goes stale when its beats stop.
 func (m *Member) Close() error {
 	m.closeOnce.Do(func() {
+		if m.cancelSub != nil {
+			_ = m.cancelSub.Unsubscribe()
+		}
 		m.cancel()
 		m.wg.Wait()
 		if m.leaseHeld.Load() {

@@ -256,3 +256,39 @@ func relayOf(m *fleet.Member, id string) (fleet.RelayStatus, error) {
 	}
 	return fleet.RelayStatus{}, fmt.Errorf("relay %s not listed", id)
 }
+
+// TestCancelDeviceFleetWide drops a device's sessions from another relay:
+// the agent's tunnel on its relay is cut within a second, and the agent
+// reconnects on its own.
+func TestCancelDeviceFleetWide(t *testing.T) {
+	relays := StartFleet(t, 3)
+	backend := newBackend(t, "b")
+	holder := relays[2]
+	StartAgent(t, holder, "robot-1", backend.URL, holder.Token(t, auth.KindAgent, "", "robot-1"))
+	holder.WaitDevice(t, "robot-1")
+	before := holder.Node.TunnelConnects()
+
+	start := time.Now()
+	if err := relays[0].Node.Fleet().CancelDevice(t.Context(), "robot-1", "test"); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 5*time.Second, func() error {
+		if holder.Node.TunnelSessions() != 1 || holder.Node.TunnelConnects() == before {
+			return fmt.Errorf("%d tunnels, %d connects (before %d)", holder.Node.TunnelSessions(), holder.Node.TunnelConnects(), before)
+		}
+		return nil
+	})
+	t.Logf("the agent was cut and back within %s", time.Since(start))
+	Eventually(t, 5*time.Second, func() error {
+		evs, err := relays[1].Node.Fleet().Events(t.Context(), 100)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Type == fleet.EventDeviceCancelled && e.Device == "robot-1" {
+				return nil
+			}
+		}
+		return errors.New("no device.cancelled event")
+	})
+}

@@ -58,6 +58,7 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.Addresses = []string{n.advertise(host)}
 	fc.Local = local{n}
 	fc.Logger = n.log
+	fc.OnCancel = n.cancelDevice
 	n.healthy.Store(true)
 	if n.member, err = fleet.Open(ctx, n.store, fc); err != nil {
 		return fmt.Errorf("join the fleet state: %w", err)
@@ -93,3 +94,14 @@ func (n *Node) NATSURL() string { return n.store.ClientURL() }
 
 // Config returns the node's completed configuration.
 func (n *Node) Config() Config { return n.cfg }
+
+// cancelDevice drops every session of device on this relay: its tunnels and
+// the requests in flight through its long-poll agents.
+func (n *Node) cancelDevice(device, reason string) {
+	tunnels := n.tunnels.CloseDevice(device)
+	requests := n.broker.CancelDevice(device, fmt.Errorf("the sessions of device %q were cancelled: %s", device, reason))
+	if tunnels > 0 || requests > 0 {
+		n.log.Info("device sessions dropped", "device", device, "tunnels", tunnels, "requests", requests, "reason", reason)
+	}
+	n.member.Changed()
+}

@@ -284,5 +284,8 @@ func (n *Node) Devices() []string {
 	return names
 }
 
+// TunnelConnects returns how many native tunnels ever connected.
+func (n *Node) TunnelConnects() int64 { return n.tunnels.Connects() }
+
 // TunnelSessions returns how many native tunnels are connected.
 func (n *Node) TunnelSessions() int { return n.tunnels.Sessions() }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,8 @@ type Pool struct {
 	// joins or leaves. It must not block.
 	OnChange func()
 
+	connects atomic.Int64 // sessions ever added
+
 	mu      sync.Mutex // guards the fields below
 	devices map[string][]*Session
 	turn    int // rotates the first choice among equally loaded sessions
@@ -118,6 +121,7 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 	p.mu.Lock()
 	p.devices[device] = append(p.devices[device], s)
 	p.mu.Unlock()
+	p.connects.Add(1)
 	p.changed()
 	p.log.Debug("tunnel connected", "device", device, "instance", instance)
 	return s, nil
@@ -184,6 +188,21 @@ func (p *Pool) Devices() []string {
 	}
 	return names
 }
+
+// CloseDevice closes every session of device, cutting its streams; its
+// agents reconnect. It returns how many it closed.
+func (p *Pool) CloseDevice(device string) int {
+	p.mu.Lock()
+	list := slices.Clone(p.devices[device])
+	p.mu.Unlock()
+	for _, s := range list {
+		s.Close()
+	}
+	return len(list)
+}
+
+// Connects returns how many sessions were ever added.
+func (p *Pool) Connects() int64 { return p.connects.Load() }
 
 // Presence counts the sessions of each device.
 func (p *Pool) Presence() map[string]int {

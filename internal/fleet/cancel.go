@@ -1,0 +1,62 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+)
+
+// SubjectCancel carries requests to drop a device's sessions; every relay
+// listens on it.
+const SubjectCancel = "switchboard.fleet.cancel"
+
+// EventDeviceCancelled is recorded when an operator drops a device's sessions.
+const EventDeviceCancelled = "device.cancelled"
+
+// cancelMsg asks relays to drop every session of Device: all relays, or only
+// RelayID when set.
+type cancelMsg struct {
+	Device  string `json:"device"`
+	RelayID string `json:"relay_id,omitempty"`
+	Reason  string `json:"reason"`
+	By      string `json:"by"`
+}
+
+// subscribeCancels delivers cancel requests meant for this relay to
+// Config.OnCancel. The subscription survives reconnects.
+func (m *Member) subscribeCancels() (*nats.Subscription, error) {
+	return m.st.Conn().Subscribe(SubjectCancel, func(msg *nats.Msg) {
+		var c cancelMsg
+		if err := json.Unmarshal(msg.Data, &c); err != nil || c.Device == "" {
+			m.log.Warn("ignoring a malformed cancel request", "error", err)
+			return
+		}
+		if c.RelayID != "" && c.RelayID != m.cfg.RelayID {
+			return
+		}
+		m.log.Info("dropping a device's sessions", "device", c.Device, "reason", c.Reason, "by", c.By)
+		m.cfg.OnCancel(c.Device, c.Reason)
+	})
+}
+
+// CancelDevice asks every relay of the fleet to drop all sessions of device
+// (agents' tunnels and polls, and the requests in flight through them); the
+// agents reconnect. It returns once NATS has the request.
+func (m *Member) CancelDevice(ctx context.Context, device, reason string) error {
+	data, err := json.Marshal(cancelMsg{Device: device, Reason: reason, By: m.cfg.RelayID})
+	if err != nil {
+		return err
+	}
+	if err := m.st.Conn().Publish(SubjectCancel, data); err != nil {
+		return fmt.Errorf("cancel %s: %w", device, err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := m.st.Conn().FlushWithContext(fctx); err != nil {
+		return fmt.Errorf("cancel %s: %w", device, err)
+	}
+	m.Record(Event{Type: EventDeviceCancelled, Device: device, Message: fmt.Sprintf("device %s: every session dropped fleet-wide (%s)", device, reason)})
+	return nil
+}
