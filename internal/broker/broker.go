@@ -246,3 +246,12 @@ func (b *Broker) CancelDevice(device string, err error) int {
 	}
 	return len(doomed)
 }
+
+// HasAgent reports whether device has a long-poll agent now: a poll waiting,
+// or one that ended within the pickup timeout.
+func (b *Broker) HasAgent(device string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := b.devices[device]
+	return d != nil && b.connectedLocked(d, time.Now(), b.cfg.PickupTimeout)
+}

@@ -97,6 +97,9 @@ func (m *Member) relayStatus(r Relay, t time.Time, attached int) RelayStatus {
 	}
 }
 
+// LostWindow returns the configured lost window.
+func (m *Member) LostWindow() time.Duration { return m.cfg.LostWindow }
+
 func (m *Member) fresh(r Relay, t time.Time) bool { return t.Sub(r.LastSeenAt) <= m.cfg.FreshAfter }
 
 // SetRelayDraining sets relay id's drain flag: the only way to undrain. It

@@ -12,6 +12,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
+	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
 
 // Config configures a relay node. Zero fields take the defaults named on them.
@@ -34,6 +35,9 @@ type Config struct {
 	Advertise string
 	// Region labels the relay for the ranking (same region first).
 	Region string
+	// Watchdog sets how this relay probes its peers and how long a veto
+	// lasts; see watchdog.Config (Peers and Probe are filled in).
+	Watchdog watchdog.Config
 	// Fleet holds the heartbeat, freshness, lease and reaping settings; the
 	// node fills in the relay's identity. See fleet.Config.
 	Fleet fleet.Config

@@ -23,32 +23,39 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
+	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
+	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
 
 // Node is a running relay node.
 type Node struct {
-	cfg      Config
-	log      *slog.Logger
-	store    *store.Store
-	tokens   *auth.Store
-	broker   *broker.Broker
-	tunnels  *tunnel.Pool
-	member   *fleet.Member
-	registry *prometheus.Registry
-	public   *http.Server
-	admin    *http.Server
-	publicLn net.Listener
-	adminLn  net.Listener
-	ready    atomic.Bool
-	healthy  atomic.Bool // serving; reported on heartbeats
-	stopping atomic.Bool // shutting down; reported on heartbeats
-	wg       sync.WaitGroup
-	errc     chan error // serve failures, buffered
-	stopOnce sync.Once
+	cfg          Config
+	log          *slog.Logger
+	store        *store.Store
+	tokens       *auth.Store
+	broker       *broker.Broker
+	tunnels      *tunnel.Pool
+	member       *fleet.Member
+	signer       *peer.Signer
+	watchdog     *watchdog.Watchdog
+	router       *router.Fleet
+	probeClient  *http.Client
+	stopWatchdog context.CancelFunc
+	registry     *prometheus.Registry
+	public       *http.Server
+	admin        *http.Server
+	publicLn     net.Listener
+	adminLn      net.Listener
+	ready        atomic.Bool
+	healthy      atomic.Bool // serving; reported on heartbeats
+	stopping     atomic.Bool // shutting down; reported on heartbeats
+	wg           sync.WaitGroup
+	errc         chan error // serve failures, buffered
+	stopOnce     sync.Once
 }
 
 // Start opens everything cfg names and starts serving. Call Shutdown or
@@ -84,6 +91,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if err := n.openFleet(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.openRouting(ctx); err != nil {
 		return nil, err
 	}
 	n.buildServers()
@@ -146,7 +156,8 @@ func (n *Node) buildServers() {
 		Logger:        n.log,
 	})
 	public := relay.NewHandler(relay.Config{
-		Transport:     &router.Local{Native: n.tunnels, LongPoll: n.broker},
+		Transport:     n.router,
+		VerifyPeer:    n.verifyPeer,
 		Agents:        agents,
 		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Ready: n.ready.Load, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
@@ -242,6 +253,9 @@ func (n *Node) Close() error {
 		}
 		n.public.Close()
 		n.admin.Close()
+		if n.stopWatchdog != nil {
+			n.stopWatchdog()
+		}
 		n.wg.Wait()
 		n.closeResources()
 	})
@@ -255,6 +269,15 @@ func (n *Node) closeResources() {
 	}
 	if n.tunnels != nil {
 		n.tunnels.Close()
+	}
+	if n.stopWatchdog != nil {
+		n.stopWatchdog()
+	}
+	if n.router != nil {
+		n.router.Close()
+	}
+	if n.probeClient != nil {
+		n.probeClient.CloseIdleConnections()
 	}
 	if n.member != nil {
 		n.member.Close()

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/peer"
 )
 
 // UserAuthorizer decides whether the user making r may use device. It returns
@@ -35,6 +37,12 @@ type Config struct {
 	Tunnels http.Handler
 	// AuthorizeUser checks users; nil lets everyone in.
 	AuthorizeUser UserAuthorizer
+	// VerifyPeer checks the signature of a request another relay forwarded,
+	// returning the forwarding relay's id, or an error wrapping
+	// peer.ErrNoSignature when the request carries none. A forwarded request
+	// skips AuthorizeUser (the forwarding relay checked the user). Nil
+	// accepts no forwards.
+	VerifyPeer func(r *http.Request, device string) (relayID string, err error)
 	// Ready reports whether the relay takes new work; nil means always.
 	Ready func() bool
 	// Logger receives the handler's logs; nil discards them.
@@ -81,7 +89,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.serveLocal(w, r)
 		return
 	}
-	if h.cfg.AuthorizeUser != nil {
+	from, err := h.verifyPeer(r, t.Device)
+	if err != nil {
+		textError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	if from != "" {
+		r = r.WithContext(context.WithValue(r.Context(), forwardedKey{}, from))
+	} else if h.cfg.AuthorizeUser != nil {
 		if err := h.cfg.AuthorizeUser(r, t.Device); err != nil {
 			writeError(w, err)
 			return
@@ -90,6 +105,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stripH2CUpgrade(r.Header)
 	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, t))
 	h.proxy.ServeHTTP(w, r)
+}
+
+type forwardedKey struct{}
+
+// ForwardedFrom returns the id of the relay that forwarded the request of
+// ctx, or "" when a user sent it here directly.
+func ForwardedFrom(ctx context.Context) string {
+	id, _ := ctx.Value(forwardedKey{}).(string)
+	return id
+}
+
+// verifyPeer checks a forwarded request's signature and removes it, so
+// that it never reaches the device. It returns "" for a request that is
+// not forwarded.
+func (h *Handler) verifyPeer(r *http.Request, device string) (string, error) {
+	if r.Header.Get(peer.Header) == "" {
+		return "", nil
+	}
+	defer r.Header.Del(peer.Header)
+	if h.cfg.VerifyPeer == nil {
+		return "", errors.New("this relay accepts no forwarded requests")
+	}
+	from, err := h.cfg.VerifyPeer(r, device)
+	if err != nil {
+		return "", fmt.Errorf("a forward from another relay was refused: %w", err)
+	}
+	return from, nil
 }
 
 // isLocalPath reports whether path is one of the relay's own.

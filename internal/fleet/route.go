@@ -1,0 +1,107 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/ranking"
+)
+
+// Target is the relay that holds, or should take, a device.
+type Target struct {
+	ID      string
+	Address string // the relay's advertised URL
+	Self    bool   // this relay
+}
+
+// scratch recycles the candidate slices of Holder.
+var scratch = sync.Pool{New: func() any { s := make([]ranking.Relay, 0, 16); return &s }}
+
+// Holder returns the relay that should serve device now: the relay recorded
+// in the directory while it is available (sticky), else the best available
+// relay by the ranking. A relay is available when it is fresh, healthy, not
+// draining or stopping, not vetoed, and not excluded (an agent reported it
+// unreachable). ok is false when no relay is available.
+func (m *Member) Holder(device, region string, vetoed func(id string) bool, exclude string) (t Target, ok bool) {
+	now := time.Now()
+	current := ""
+	if d, found := m.devices.get(deviceKey(device)); found {
+		current = d.RelayID
+	}
+	sp := scratch.Get().(*[]ranking.Relay)
+	defer scratch.Put(sp)
+	cands := (*sp)[:0]
+	m.relays.mu.RLock()
+	for _, r := range m.relays.items {
+		avail := m.fresh(r, now) && r.Healthy && !r.Draining && !r.Stopping && r.ID != exclude
+		if avail && vetoed != nil && vetoed(r.ID) {
+			avail = false
+		}
+		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: r.ForwardSessions, Capacity: r.MaxForward})
+	}
+	m.relays.mu.RUnlock()
+	*sp = cands
+	i := ranking.Holder(device, region, current, cands)
+	if i < 0 {
+		return Target{}, false
+	}
+	id := cands[i].ID
+	r, _ := m.relays.get(id)
+	addr := ""
+	if len(r.Addresses) > 0 {
+		addr = r.Addresses[0]
+	}
+	return Target{ID: id, Address: addr, Self: id == m.cfg.RelayID}, true
+}
+
+// Ranked returns the advertised addresses of the available relays, best
+// first for device: the list an agent walks when its relay is lost.
+func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []string {
+	now := time.Now()
+	var cands []ranking.Relay
+	addrs := map[string]string{}
+	for _, r := range m.relays.all() {
+		avail := m.fresh(r, now) && r.Healthy && !r.Draining && !r.Stopping && (vetoed == nil || !vetoed(r.ID))
+		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: r.ForwardSessions, Capacity: r.MaxForward})
+		if len(r.Addresses) > 0 {
+			addrs[r.ID] = r.Addresses[0]
+		}
+	}
+	order := ranking.Rank(device, region, cands, make([]int, 0, len(cands)))
+	out := make([]string, 0, len(order))
+	for _, i := range order {
+		if a := addrs[cands[i].ID]; a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// secretKey is the key of the peer secret in BucketFleet.
+const secretKey = "peer_secret"
+
+// BucketFleet holds fleet-wide settings: the peer secret.
+const BucketFleet = "switchboard_fleet"
+
+// PeerSecret returns the fleet's peer secret, creating it on first use; the
+// first relay to create it wins and every relay reads the same one.
+func PeerSecret(ctx context.Context, kv jetstream.KeyValue, fresh func() []byte) ([]byte, error) {
+	for range maxAttempts {
+		e, err := kv.Get(ctx, secretKey)
+		if err == nil {
+			return e.Value(), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("reading the peer secret: %w", err)
+		}
+		if _, err := kv.Create(ctx, secretKey, fresh()); err != nil && !isConflict(err) {
+			return nil, fmt.Errorf("creating the peer secret: %w", err)
+		}
+	}
+	return nil, fmt.Errorf("peer secret: %w", ErrConflict)
+}

@@ -1,0 +1,231 @@
+package fleettest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/node"
+)
+
+// fleetSetup starts three relays on one NATS, a backend, and an agent for
+// "dev" on the third relay, and waits until every relay's directory has it
+// there. It returns the relays, the backend and a user token.
+func fleetSetup(t *testing.T, proto string) ([]*Relay, *testBackend, string) {
+	t.Helper()
+	relays := StartFleet(t, 3)
+	b := newBackend(t, "b1")
+	holder := relays[2]
+	StartAgent(t, holder, "dev", b.URL, holder.Token(t, auth.KindAgent, "dev agent", "dev"), protocol(proto))
+	waitHolder(t, relays, "dev", holder)
+	return relays, b, relays[0].Token(t, auth.KindUser, "alice", "dev")
+}
+
+// waitHolder waits until every relay's directory puts device on holder.
+func waitHolder(t *testing.T, relays []*Relay, device string, holder *Relay) {
+	t.Helper()
+	want := holder.Node.Fleet().ID()
+	for _, r := range relays {
+		Eventually(t, 10*time.Second, func() error {
+			d, err := r.Node.Fleet().Device(device)
+			if err != nil {
+				return err
+			}
+			if d.RelayID != want || d.Agents == 0 {
+				return errors.New("directory has " + d.RelayID)
+			}
+			return nil
+		})
+	}
+}
+
+func TestForwardThroughNonHolder(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		relays, b, user := fleetSetup(t, proto)
+		for _, entry := range relays[:2] {
+			e := decodeEcho(t, do(t, http.MethodPost, entry.URL+"/client/dev/echo/a%2Fb?q=1", user, strings.NewReader("payload")))
+			if e.Backend != "b1" || e.Body != "payload" || e.Path != "/echo/a/b" || e.RawPath != "/echo/a%2Fb" || e.Query != "q=1" {
+				t.Errorf("via %s: echo %+v", entry.URL, e)
+			}
+			if e.Header.Get("Authorization") != "" || e.Header.Get("X-Switchboard-Peer") != "" {
+				t.Errorf("credentials reached the device: %v", e.Header)
+			}
+		}
+		// Header addressing works through a forward too.
+		e := decodeEcho(t, do(t, http.MethodGet, relays[1].URL+"/echo/h", user, nil, "X-Server-Name", "dev"))
+		if e.Path != "/echo/h" {
+			t.Errorf("header addressing: %+v", e)
+		}
+
+		// A streamed response arrives event by event.
+		resp := do(t, http.MethodGet, relays[0].URL+"/client/dev/sse", user, nil)
+		rd := bufio.NewReader(resp.Body)
+		for i := 1; i <= 3; i++ {
+			b.sseGo <- struct{}{}
+			line, err := rd.ReadString('\n')
+			if err != nil || line != "data: event "+string(rune('0'+i))+"\n" {
+				t.Fatalf("event %d: %q, %v", i, line, err)
+			}
+			rd.ReadString('\n')
+		}
+		resp.Body.Close()
+
+		// Trailers survive the extra hop.
+		resp = do(t, http.MethodGet, relays[0].URL+"/client/dev/trailers", user, nil)
+		io.ReadAll(resp.Body)
+		if resp.Trailer.Get("X-Checksum") != "abc123" {
+			t.Errorf("trailers %v", resp.Trailer)
+		}
+
+		// A websocket through the non-holder.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(relays[0].URL, "http")+"/client/dev/ws", &websocket.DialOptions{
+			HTTPHeader: http.Header{"Authorization": {"Bearer " + user}},
+		})
+		if err != nil {
+			t.Fatalf("websocket via a non-holder: %v", err)
+		}
+		defer c.CloseNow()
+		for _, msg := range []string{"hello", strings.Repeat("x", 30000)} {
+			if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			if _, got, err := c.Read(ctx); err != nil || string(got) != msg {
+				t.Fatalf("echo: %d bytes, %v", len(got), err)
+			}
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+
+		// Users are still checked at the entry.
+		if code, _ := Status(NewClient(t, false), relays[0].URL+"/client/dev/echo/x"); code != http.StatusUnauthorized {
+			t.Errorf("no token via a non-holder: %d, want 401", code)
+		}
+	})
+}
+
+func TestForwardedCancellationReachesTheBackend(t *testing.T) {
+	relays := StartFleet(t, 3)
+	bb := &blockingBackend{release: make(chan struct{})}
+	backend := httptestServer(t, bb)
+	StartAgent(t, relays[2], "dev", backend, relays[2].Token(t, auth.KindAgent, "", "dev"))
+	waitHolder(t, relays, "dev", relays[2])
+	user := relays[0].Token(t, auth.KindUser, "u", "dev")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, relays[0].URL+"/client/dev/block", nil)
+	req.Header.Set("Authorization", "Bearer "+user)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 5*time.Second, func() error {
+		if bb.started.Load() != 1 {
+			return errNotYet
+		}
+		return nil
+	})
+	cancel()
+	resp.Body.Close()
+	Eventually(t, 5*time.Second, func() error {
+		if bb.cancelled.Load() != 1 {
+			return errors.New("the backend did not see the user go away")
+		}
+		return nil
+	})
+}
+
+func TestForwardedGRPCBidi(t *testing.T) {
+	relays := StartFleet(t, 3)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	testpb.RegisterTestServiceServer(srv, streamingService{})
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	StartAgent(t, relays[2], "grpc-dev", "http://"+lis.Addr().String(), relays[2].Token(t, auth.KindAgent, "a", "grpc-dev"),
+		protocol(agent.ProtocolNative), func(c *agent.Config) { c.BackendH2C = true })
+	waitHolder(t, relays, "grpc-dev", relays[2])
+
+	conn, err := grpc.NewClient(strings.TrimPrefix(relays[0].URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := testpb.NewTestServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "grpc-dev", "x-switchboard-token", relays[0].Token(t, auth.KindUser, "u"))
+	stream, err := client.FullDuplexCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 50; i++ {
+		if err := stream.Send(&testpb.StreamingOutputCallRequest{ResponseParameters: []*testpb.ResponseParameters{{Size: int32(i)}}}); err != nil {
+			t.Fatalf("ping %d: %v", i, err)
+		}
+		resp, err := stream.Recv()
+		if err != nil || len(resp.GetPayload().GetBody()) != i {
+			t.Fatalf("pong %d: %v", i, err)
+		}
+	}
+	stream.CloseSend()
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("end: %v", err)
+	}
+}
+
+// TestRefusedHolderIsVetoedAtOnce: the relay recorded as the device's
+// holder is gone but still fresh in the fleet state; the first forward to it
+// is refused, which vetoes it at once, and the request goes to the ranking's
+// next choice instead of failing with a 502.
+func TestRefusedHolderIsVetoedAtOnce(t *testing.T) {
+	relays := StartFleet(t, 3, func(c *node.Config) {
+		c.Fleet.FreshAfter = time.Minute // the dead relay stays fresh
+		c.Broker.NoAgentGrace = 200 * time.Millisecond
+	})
+	user := relays[0].Token(t, auth.KindUser, "u", "dev")
+	b := newBackend(t, "b1")
+	StartAgent(t, relays[2], "dev", b.URL, relays[2].Token(t, auth.KindAgent, "", "dev"))
+	waitHolder(t, relays, "dev", relays[2])
+	dead := relays[2].Node.Fleet().ID()
+	relays[2].Node.Fleet().Abandon()
+	relays[2].Node.Close()
+
+	resp := do(t, http.MethodGet, relays[0].URL+"/client/dev/echo/x", user, nil)
+	io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("status %d, want 503 (no agent anywhere), not a 502 from the dead holder", resp.StatusCode)
+	}
+	if !relays[0].Node.Vetoed(dead) {
+		t.Error("the refused holder was not vetoed")
+	}
+	Eventually(t, 5*time.Second, func() error {
+		evs, err := relays[1].Node.Fleet().Events(t.Context(), 100)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Type == node.EventRelayVetoed && e.RelayID == dead {
+				return nil
+			}
+		}
+		return errors.New("no veto event")
+	})
+}

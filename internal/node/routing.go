@@ -1,0 +1,136 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/relay"
+	"github.com/switchboard-relay/switchboard/internal/router"
+	"github.com/switchboard-relay/switchboard/internal/watchdog"
+)
+
+// Event types of routing.
+const (
+	EventRelayVetoed  = "relay.vetoed"
+	EventVetoCleared  = "relay.veto_cleared"
+	routingComponent  = "routing"
+	probePath         = "/healthz"
+	forwardOutcomeOK  = "ok"
+	forwardOutcomeErr = "error"
+)
+
+// openRouting sets up what lets any relay serve any device: the peer
+// signer (the fleet's shared secret), the watchdog over the other relays,
+// and the fleet router that forwards to a device's holder.
+func (n *Node) openRouting(ctx context.Context) error {
+	kv, err := n.store.KeyValue(ctx, fleet.BucketFleet)
+	if err != nil {
+		return err
+	}
+	secret, err := fleet.PeerSecret(ctx, kv, peer.NewSecret)
+	if err != nil {
+		return err
+	}
+	if n.signer, err = peer.NewSigner(secret, n.member.ID()); err != nil {
+		return err
+	}
+	failovers := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "switchboard", Name: "veto_seconds",
+		Help:    "Time from a peer's first missed probe (or refused connection: 0) to its veto.",
+		Buckets: []float64{0, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5},
+	}, []string{"cause"})
+	forwards := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "switchboard", Name: "forwards_total",
+		Help: "User requests forwarded one hop to the relay holding their device, by outcome.",
+	}, []string{"outcome"})
+	n.registry.MustRegister(failovers, forwards)
+
+	probe := &http.Client{Transport: &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		DisableCompression:  true,
+	}}
+	n.probeClient = probe
+	wc := n.cfg.Watchdog
+	wc.Logger = n.log.With("component", routingComponent)
+	wc.Peers = n.watchedPeers
+	wc.Probe = func(ctx context.Context, p watchdog.Peer) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(p.Address, "/")+probePath, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := probe.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s answered %s", probePath, resp.Status)
+		}
+		return nil
+	}
+	wc.OnVeto = func(id string, after time.Duration, reason error) {
+		cause := "probes"
+		if after == 0 {
+			cause = "data_path"
+		}
+		failovers.WithLabelValues(cause).Observe(after.Seconds())
+		n.member.Record(fleet.Event{Type: EventRelayVetoed, RelayID: id, DurationMS: float64(after.Microseconds()) / 1000,
+			Message: fmt.Sprintf("relay %s vetoed by %s (%s): %v", id, n.member.ID(), cause, reason)})
+	}
+	wc.OnClear = func(id string) {
+		n.member.Record(fleet.Event{Type: EventVetoCleared, RelayID: id, Message: fmt.Sprintf("relay %s answers %s again", id, n.member.ID())})
+	}
+	n.watchdog = watchdog.New(wc)
+	wctx, cancel := context.WithCancel(context.Background())
+	n.stopWatchdog = cancel
+	n.wg.Go(func() { n.watchdog.Run(wctx) })
+
+	fr := router.NewFleet()
+	fr.Local = &router.Local{Native: n.tunnels, LongPoll: n.broker}
+	fr.Holders = func(device, exclude string) (fleet.Target, bool) {
+		return n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, exclude)
+	}
+	fr.HasAgent = func(device string) bool { return n.tunnels.Has(device) || n.broker.HasAgent(device) }
+	fr.Forwarded = func(ctx context.Context) bool { return relay.ForwardedFrom(ctx) != "" }
+	fr.Signer = n.signer
+	fr.Veto = n.watchdog.Veto
+	fr.OnForward = func(_ string, err error) {
+		if err != nil {
+			forwards.WithLabelValues(forwardOutcomeErr).Inc()
+			return
+		}
+		forwards.WithLabelValues(forwardOutcomeOK).Inc()
+	}
+	fr.Logger = n.log
+	n.router = fr
+	return nil
+}
+
+// watchedPeers are the other relays that beat within the lost window.
+func (n *Node) watchedPeers() []watchdog.Peer {
+	var out []watchdog.Peer
+	for _, r := range n.member.Relays() {
+		if r.ID == n.member.ID() || len(r.Addresses) == 0 || time.Since(r.LastSeenAt) > n.member.LostWindow() {
+			continue
+		}
+		out = append(out, watchdog.Peer{ID: r.ID, Address: r.Addresses[0]})
+	}
+	return out
+}
+
+// verifyPeer checks a forward from another relay.
+func (n *Node) verifyPeer(r *http.Request, device string) (string, error) {
+	return n.signer.Verify(r.Header, device)
+}
+
+// Vetoed reports whether this relay's watchdog vetoes the relay id now.
+func (n *Node) Vetoed(id string) bool { return n.watchdog.Vetoed(id) }

@@ -1,0 +1,171 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/peer"
+)
+
+// Holders finds the relay that should serve a device, leaving out exclude.
+type Holders func(device, exclude string) (fleet.Target, bool)
+
+// Fleet routes a user request to its device wherever in the fleet the
+// device is held: through this relay's own agents when it has them (or is
+// the holder and waits for one), else one hop to the holder, signed with the
+// peer secret so that the holder trusts this relay's check of the user.
+// A forward that cannot reach the holder vetoes it at once and goes to the
+// next relay in the ranking.
+type Fleet struct {
+	Local   *Local
+	Holders Holders
+	// HasAgent reports whether this relay has an agent for the device now.
+	HasAgent func(device string) bool
+	// Forwarded reports whether the request came from another relay: it is
+	// served here, never forwarded again.
+	Forwarded func(ctx context.Context) bool
+	Signer    *peer.Signer
+	// Veto takes a relay out of routing after a connection to it failed.
+	Veto func(relayID string, err error)
+	// OnForward, if set, is told of each forward's outcome (for metrics).
+	OnForward func(relayID string, err error)
+	Logger    *slog.Logger
+
+	h2 *http.Transport // peers, HTTP/2 with prior knowledge: streams, trailers
+	h1 *http.Transport // peers, HTTP/1.1: upgrades
+}
+
+// NewFleet returns a Fleet router with pooled peer connections; fill in its
+// fields before use.
+func NewFleet() *Fleet {
+	dialer := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}
+	h2 := &http.Transport{
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		Protocols:           new(http.Protocols),
+		DisableCompression:  true,
+	}
+	h2.Protocols.SetUnencryptedHTTP2(true)
+	h2.Protocols.SetHTTP2(true)
+	h1 := &http.Transport{
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+	return &Fleet{h2: h2, h1: h1}
+}
+
+// Close drops the idle peer connections.
+func (f *Fleet) Close() {
+	f.h2.CloseIdleConnections()
+	f.h1.CloseIdleConnections()
+}
+
+// RoundTrip implements http.RoundTripper for requests whose URL host is the
+// device name.
+func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
+	device := req.URL.Host
+	if f.Forwarded(req.Context()) || f.HasAgent(device) {
+		return f.Local.RoundTrip(req)
+	}
+	exclude := ""
+	for attempt := 0; ; attempt++ {
+		t, ok := f.Holders(device, exclude)
+		if !ok || t.Self || t.Address == "" {
+			return f.Local.RoundTrip(req)
+		}
+		resp, err := f.forward(req, device, t)
+		if f.OnForward != nil {
+			f.OnForward(t.ID, err)
+		}
+		if err == nil || !unreachable(err) || attempt > 0 || !replayable(req) {
+			return resp, err
+		}
+		// The holder is gone: veto it and ask the ranking again.
+		f.Veto(t.ID, err)
+		exclude = t.ID
+	}
+}
+
+// forward sends req to the relay t as /client/<device>/<path>.
+func (f *Fleet) forward(req *http.Request, device string, t fleet.Target) (*http.Response, error) {
+	base, err := url.Parse(t.Address)
+	if err != nil {
+		return nil, fmt.Errorf("relay %s advertises %q: %w", t.ID, t.Address, err)
+	}
+	out := req.Clone(req.Context())
+	out.URL = &url.URL{
+		Scheme:   base.Scheme,
+		Host:     base.Host,
+		Path:     "/client/" + device + req.URL.Path,
+		RawQuery: req.URL.RawQuery,
+	}
+	if req.URL.RawPath != "" {
+		out.URL.RawPath = "/client/" + device + req.URL.RawPath
+	}
+	out.Host = req.Host
+	out.RequestURI = ""
+	f.Signer.Sign(out.Header, device)
+	tr := f.h2
+	if out.Header.Get("Upgrade") != "" || base.Scheme == "https" {
+		tr = f.h1
+	}
+	resp, err := tr.RoundTrip(out)
+	if err != nil {
+		return nil, &forwardError{relay: t.ID, err: err}
+	}
+	return resp, nil
+}
+
+// forwardError is a forward that got no answer from the holder.
+type forwardError struct {
+	relay string
+	err   error
+}
+
+func (e *forwardError) Error() string {
+	return fmt.Sprintf("relay %s, which holds the device, did not answer: %v", e.relay, e.err)
+}
+func (e *forwardError) Unwrap() error { return e.err }
+
+// HTTPStatus makes a failed forward a 502 for the user.
+func (e *forwardError) HTTPStatus() int { return http.StatusBadGateway }
+
+// unreachable reports whether err means the request never reached the peer:
+// refused, reset or unroutable at connect time.
+func unreachable(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	s := err.Error()
+	return strings.Contains(s, "connection refused") || strings.Contains(s, "no route to host")
+}
+
+// replayable reports whether req can be sent again: it has no body, or one
+// that can be had again.
+func replayable(req *http.Request) bool {
+	if req.Body == nil || req.Body == http.NoBody {
+		return true
+	}
+	if req.GetBody == nil {
+		return false
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return false
+	}
+	req.Body = body
+	return true
+}

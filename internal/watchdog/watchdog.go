@@ -1,0 +1,226 @@
+// Package watchdog keeps a relay's opinion of its peers: it probes each on a
+// short interval and vetoes a peer that misses enough probes in a row, or
+// at once when the data path finds it refusing connections. A veto expires
+// after a TTL, so a watchdog that stops probing degrades to heartbeat
+// staleness instead of pinning a stale opinion, and a probe that answers
+// clears it. Vetoes say nothing about draining: drain holds are a separate
+// set, kept in the fleet state, and clearing a veto never clears one.
+package watchdog
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultInterval = 250 * time.Millisecond
+	DefaultTimeout  = 400 * time.Millisecond
+	DefaultMisses   = 2
+	DefaultVetoTTL  = 30 * time.Second
+)
+
+// Peer is a relay to watch.
+type Peer struct {
+	ID      string
+	Address string
+}
+
+// Config configures a Watchdog. Zero fields take the defaults named on them.
+type Config struct {
+	// Interval between the starts of two probes of a peer. Default 250 ms.
+	Interval time.Duration
+	// Timeout caps one probe. Default 400 ms.
+	Timeout time.Duration
+	// Misses in a row veto a peer. Default 2.
+	Misses int
+	// VetoTTL is how long a veto lasts unless a probe clears it first.
+	// Default 30 s.
+	VetoTTL time.Duration
+	// Peers returns the relays to watch now. Required.
+	Peers func() []Peer
+	// Probe checks one peer within ctx. Required.
+	Probe func(ctx context.Context, p Peer) error
+	// OnVeto is told of each new veto: the peer, how long since its first
+	// miss (0 for a veto from the data path), and why. Optional.
+	OnVeto func(id string, after time.Duration, reason error)
+	// OnClear is told when a probe that answered clears a veto. Optional.
+	OnClear func(id string)
+	// Logger receives transitions; nil discards.
+	Logger *slog.Logger
+}
+
+func (c *Config) complete() {
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Misses <= 0 {
+		c.Misses = DefaultMisses
+	}
+	if c.VetoTTL <= 0 {
+		c.VetoTTL = DefaultVetoTTL
+	}
+	if c.OnVeto == nil {
+		c.OnVeto = func(string, time.Duration, error) {}
+	}
+	if c.OnClear == nil {
+		c.OnClear = func(string) {}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// peerState is what the watchdog knows of one peer.
+type peerState struct {
+	misses    int
+	firstMiss time.Time
+	vetoUntil time.Time
+}
+
+// Watchdog probes peers and keeps the veto set. It is safe for concurrent use.
+type Watchdog struct {
+	cfg Config
+
+	mu    sync.Mutex
+	peers map[string]*peerState
+}
+
+// New returns a watchdog; Run starts its probes.
+func New(cfg Config) *Watchdog {
+	cfg.complete()
+	return &Watchdog{cfg: cfg, peers: map[string]*peerState{}}
+}
+
+// Vetoed reports whether id is vetoed now.
+func (w *Watchdog) Vetoed(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.peers[id]
+	return s != nil && time.Now().Before(s.vetoUntil)
+}
+
+// Vetoes returns the ids vetoed now.
+func (w *Watchdog) Vetoes() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	var out []string
+	for id, s := range w.peers {
+		if now.Before(s.vetoUntil) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// Veto vetoes id at once: the data path found it refusing connections.
+func (w *Watchdog) Veto(id string, reason error) {
+	w.mu.Lock()
+	s := w.state(id)
+	now := time.Now()
+	was := now.Before(s.vetoUntil)
+	s.vetoUntil = now.Add(w.cfg.VetoTTL)
+	w.mu.Unlock()
+	if !was {
+		w.cfg.Logger.Warn("peer vetoed: the data path could not reach it", "relay_id", id, "error", reason)
+		w.cfg.OnVeto(id, 0, reason)
+	}
+}
+
+func (w *Watchdog) state(id string) *peerState {
+	s := w.peers[id]
+	if s == nil {
+		s = &peerState{}
+		w.peers[id] = s
+	}
+	return s
+}
+
+// Run probes every peer each Interval until ctx ends.
+func (w *Watchdog) Run(ctx context.Context) {
+	t := time.NewTicker(w.cfg.Interval)
+	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		peers := w.cfg.Peers()
+		w.forget(peers)
+		// Probes overlap when a peer is slow: each tick starts one, so a
+		// frozen peer misses once per interval after its first timeout,
+		// and at most Timeout/Interval+1 probes of it are ever in flight.
+		for _, p := range peers {
+			wg.Go(func() { w.probe(ctx, p) })
+		}
+	}
+}
+
+// probe checks one peer and records the outcome.
+func (w *Watchdog) probe(ctx context.Context, p Peer) {
+	pctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+	err := w.cfg.Probe(pctx, p)
+	if err == nil && pctx.Err() != nil {
+		err = pctx.Err()
+	}
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	s := w.state(p.ID)
+	if err == nil {
+		vetoed := now.Before(s.vetoUntil)
+		s.misses, s.vetoUntil = 0, time.Time{}
+		w.mu.Unlock()
+		if vetoed {
+			w.cfg.Logger.Info("peer answers again; veto cleared", "relay_id", p.ID)
+			w.cfg.OnClear(p.ID)
+		}
+		return
+	}
+	if s.misses == 0 {
+		s.firstMiss = now.Add(-w.cfg.Timeout) // the probe began before it missed
+		if !errors.Is(err, context.DeadlineExceeded) {
+			s.firstMiss = now
+		}
+	}
+	s.misses++
+	fire := s.misses >= w.cfg.Misses && !now.Before(s.vetoUntil)
+	if fire {
+		s.vetoUntil = now.Add(w.cfg.VetoTTL)
+	}
+	after := now.Sub(s.firstMiss)
+	w.mu.Unlock()
+	if fire {
+		w.cfg.Logger.Warn("peer vetoed: it missed its probes", "relay_id", p.ID, "misses", w.cfg.Misses, "error", err)
+		w.cfg.OnVeto(p.ID, after, err)
+	}
+}
+
+// forget drops the state of relays that are no longer peers.
+func (w *Watchdog) forget(peers []Peer) {
+	keep := make(map[string]bool, len(peers))
+	for _, p := range peers {
+		keep[p.ID] = true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	for id, s := range w.peers {
+		if !keep[id] && !now.Before(s.vetoUntil) {
+			delete(w.peers, id)
+		}
+	}
+}

@@ -1,0 +1,219 @@
+package watchdog
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fakePeers is a set of peers whose probes the test controls.
+type fakePeers struct {
+	mu     sync.Mutex
+	down   map[string]bool // probe fails at once (refused)
+	frozen map[string]bool // probe hangs until its deadline
+	vetoes []vetoRecord
+	clears []string
+}
+
+type vetoRecord struct {
+	id    string
+	after time.Duration
+	at    time.Time
+}
+
+func (f *fakePeers) set(m map[string]bool, id string, v bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m[id] = v
+}
+
+func (f *fakePeers) probe(ctx context.Context, p Peer) error {
+	f.mu.Lock()
+	down, frozen := f.down[p.ID], f.frozen[p.ID]
+	f.mu.Unlock()
+	switch {
+	case frozen:
+		<-ctx.Done()
+		return ctx.Err()
+	case down:
+		return errors.New("connection refused")
+	}
+	return nil
+}
+
+func newWatched(f *fakePeers, cfg Config) *Watchdog {
+	cfg.Peers = func() []Peer { return []Peer{{ID: "a"}, {ID: "b"}} }
+	cfg.Probe = f.probe
+	cfg.OnVeto = func(id string, after time.Duration, _ error) {
+		f.mu.Lock()
+		f.vetoes = append(f.vetoes, vetoRecord{id, after, time.Now()})
+		f.mu.Unlock()
+	}
+	cfg.OnClear = func(id string) {
+		f.mu.Lock()
+		f.clears = append(f.clears, id)
+		f.mu.Unlock()
+	}
+	return New(cfg)
+}
+
+func run(t *testing.T, w *Watchdog) (stop func()) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+func TestMissesVetoThenProbeClears(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{Interval: time.Second, Timeout: 700 * time.Millisecond, Misses: 2, VetoTTL: 30 * time.Second})
+		stop := run(t, w)
+		defer stop()
+
+		time.Sleep(1500 * time.Millisecond) // one healthy probe
+		if w.Vetoed("a") {
+			t.Fatal("a healthy peer is vetoed")
+		}
+		died := time.Now()
+		f.set(f.down, "a", true)
+		time.Sleep(1100 * time.Millisecond) // one miss: not yet
+		if w.Vetoed("a") {
+			t.Fatal("vetoed after one miss")
+		}
+		time.Sleep(time.Second) // second miss
+		synctest.Wait()
+		if !w.Vetoed("a") || w.Vetoed("b") {
+			t.Fatalf("vetoes %v, want [a]", w.Vetoes())
+		}
+		f.mu.Lock()
+		if len(f.vetoes) != 1 || f.vetoes[0].id != "a" || f.vetoes[0].at.Sub(died) > 2*time.Second || f.vetoes[0].after != time.Second {
+			t.Errorf("veto records %+v (died at %v)", f.vetoes, died)
+		}
+		f.mu.Unlock()
+
+		f.set(f.down, "a", false)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if w.Vetoed("a") {
+			t.Fatal("a probe that answered did not clear the veto")
+		}
+		f.mu.Lock()
+		if len(f.clears) != 1 || f.clears[0] != "a" {
+			t.Errorf("clears %v", f.clears)
+		}
+		f.mu.Unlock()
+	})
+}
+
+func TestFrozenPeerVetoedByTimeouts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{}) // defaults: 250 ms, 400 ms, 2 misses
+		stop := run(t, w)
+		defer stop()
+		time.Sleep(time.Second)
+		froze := time.Now()
+		f.set(f.frozen, "b", true)
+		for !w.Vetoed("b") {
+			time.Sleep(10 * time.Millisecond)
+		}
+		took := time.Since(froze)
+		t.Logf("frozen peer vetoed after %s", took)
+		if took > time.Second {
+			t.Errorf("a frozen peer took %s to veto with the defaults, want ≤ 1 s", took)
+		}
+	})
+}
+
+func TestVetoExpiresAfterTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{VetoTTL: 30 * time.Second})
+		// No Run: a dead watchdog. A data-path veto must not pin forever.
+		w.Veto("a", errors.New("connection refused"))
+		if !w.Vetoed("a") {
+			t.Fatal("a data-path veto did not take")
+		}
+		time.Sleep(29 * time.Second)
+		if !w.Vetoed("a") {
+			t.Fatal("the veto expired early")
+		}
+		time.Sleep(2 * time.Second)
+		if w.Vetoed("a") {
+			t.Fatal("the veto outlived its TTL")
+		}
+		f.mu.Lock()
+		if len(f.vetoes) != 1 || f.vetoes[0].after != 0 {
+			t.Errorf("veto records %+v", f.vetoes)
+		}
+		f.mu.Unlock()
+	})
+}
+
+func TestDataPathVetoClearedByProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{Interval: time.Second})
+		stop := run(t, w)
+		defer stop()
+		w.Veto("b", errors.New("reset"))
+		w.Veto("b", errors.New("reset again")) // still one veto event
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		if w.Vetoed("b") {
+			t.Fatal("an answering probe left the veto")
+		}
+		f.mu.Lock()
+		if len(f.vetoes) != 1 {
+			t.Errorf("%d veto events, want 1", len(f.vetoes))
+		}
+		f.mu.Unlock()
+	})
+}
+
+func TestForgetsGonePeers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{"a": true}, frozen: map[string]bool{}}
+		var mu sync.Mutex
+		peers := []Peer{{ID: "a"}}
+		w := New(Config{
+			Interval: time.Second,
+			Peers:    func() []Peer { mu.Lock(); defer mu.Unlock(); return peers },
+			Probe:    f.probe,
+			VetoTTL:  5 * time.Second,
+		})
+		stop := run(t, w)
+		defer stop()
+		time.Sleep(2500 * time.Millisecond)
+		if !w.Vetoed("a") {
+			t.Fatal("not vetoed")
+		}
+		mu.Lock()
+		peers = nil
+		mu.Unlock()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		w.mu.Lock()
+		n := len(w.peers)
+		w.mu.Unlock()
+		if n != 0 {
+			t.Errorf("%d peers remembered after they left", n)
+		}
+	})
+}
