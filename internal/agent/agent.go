@@ -25,6 +25,7 @@ type Agent struct {
 	cfg      Config
 	instance string
 	relay    *http.Client // to the relay
+	wsClient *http.Client // to the relay, for the websocket tunnel: redirects are the agent's to follow
 	backend  *http.Client // to the local service
 
 	mu    sync.Mutex // guards state
@@ -39,10 +40,14 @@ func New(cfg Config) (*Agent, error) {
 	}
 	var id [8]byte
 	rand.Read(id[:])
+	relayTransport := newRelayTransport(&cfg)
 	return &Agent{
 		cfg:      cfg,
 		instance: hex.EncodeToString(id[:]),
-		relay:    &http.Client{Transport: newRelayTransport(&cfg)},
+		relay:    &http.Client{Transport: relayTransport},
+		wsClient: &http.Client{Transport: relayTransport, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}},
 		backend: &http.Client{
 			Transport: newBackendTransport(&cfg),
 			CheckRedirect: func(*http.Request, []*http.Request) error {

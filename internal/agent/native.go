@@ -24,9 +24,17 @@ import (
 func (a *Agent) runNative(ctx context.Context) error {
 	handler := a.nativeHandler()
 	bo := backoff.New(backoff.Policy{})
-	relay := 0
+	w := newWalker(a.cfg.Relays)
 	for ctx.Err() == nil {
-		conn, err := a.dialTunnel(ctx, a.cfg.Relays[relay])
+		c, extra := w.target()
+		conn, placed, err := a.dialTunnel(ctx, c, extra)
+		if re, ok := tunnel.IsRedirect(err); ok {
+			if w.redirected(re) {
+				a.cfg.Logger.Debug("sent to the relay that holds the device", "relay", re.Location.Redacted(), "holder", re.Holder)
+				continue
+			}
+			err = errors.New("redirected too many times in a row")
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -34,23 +42,32 @@ func (a *Agent) runNative(ctx context.Context) error {
 			a.setState("refused", "err", err)
 			return errors.Join(ErrUnauthorized, err)
 		case errors.Is(err, tunnel.ErrNotSupported):
-			a.setState("falling back to long-poll", "relay", a.cfg.Relays[relay].Redacted(), "reason", err)
+			a.setState("falling back to long-poll", "relay", c.url.Redacted(), "reason", err)
 			return a.runLongPoll(ctx)
 		case err != nil:
-			a.setState("disconnected", "relay", a.cfg.Relays[relay].Redacted(), "err", err)
-			relay = (relay + 1) % len(a.cfg.Relays)
+			a.setState("disconnected", "relay", c.url.Redacted(), "err", err)
+			w.failed(c)
 			if !sleep(ctx, bo.Next(time.Now())) {
 				return nil
 			}
 			continue
 		}
 		bo.Up(time.Now())
-		a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolNative)
-		tunnel.Serve(ctx, conn, handler, a.cfg.Liveness)
+		w.connected(c, placed)
+		a.setState("connected", "relay", c.url.Redacted(), "relay_id", placed.RelayID, "protocol", ProtocolNative)
+		wc := &watchedConn{Conn: conn}
+		tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
 		if ctx.Err() != nil {
 			return nil
 		}
-		a.setState("disconnected", "relay", a.cfg.Relays[relay].Redacted(), "err", "tunnel closed")
+		silent := wc.silent()
+		w.lost(silent)
+		if silent {
+			// The relay stopped answering: go to the next relay at once.
+			a.setState("disconnected", "relay", c.url.Redacted(), "err", "the relay stopped answering")
+			continue
+		}
+		a.setState("disconnected", "relay", c.url.Redacted(), "err", "tunnel closed")
 		if !sleep(ctx, bo.Next(time.Now())) {
 			return nil
 		}
@@ -58,35 +75,50 @@ func (a *Agent) runNative(ctx context.Context) error {
 	return nil
 }
 
-// dialTunnel opens a tunnel to relay, by HTTP/1.1 Upgrade or WebSocket.
-func (a *Agent) dialTunnel(ctx context.Context, relay *url.URL) (net.Conn, error) {
+// dialTunnel opens a tunnel to the relay c, by HTTP/1.1 Upgrade or
+// WebSocket, and returns what the relay said of its place in the fleet.
+func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) (net.Conn, tunnel.Placed, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	header := http.Header{wire.InstanceHeader: {a.instance}}
+	for k, v := range extra {
+		header[k] = v
+	}
+	relay := c.url
+	if c.id == "" { // a configured entry point: the operator's prefix applies
+		relay = a.prefixed(relay)
+	}
 	if !a.cfg.WebSocket {
-		return tunnel.Dial(dctx, tunnel.DialConfig{
-			Relay: a.prefixed(relay), Device: a.cfg.Device, Token: a.cfg.Token,
+		conn, err := tunnel.Dial(dctx, tunnel.DialConfig{
+			Relay: relay, Device: a.cfg.Device, Token: a.cfg.Token,
 			Instance: a.instance, TLS: a.cfg.tlsConfig(),
 		}, header)
+		if err != nil {
+			return nil, tunnel.Placed{}, err
+		}
+		return conn, tunnel.PlacedOf(conn), nil
 	}
-	u := *a.prefixed(relay)
+	u := *relay
 	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
-	u.Path += tunnel.WebSocketPath
+	u.Path = strings.TrimSuffix(u.Path, "/") + tunnel.WebSocketPath
 	u.RawQuery = url.Values{"device": {a.cfg.Device}}.Encode()
 	if a.cfg.Token != "" {
 		header.Set("Authorization", "Bearer "+a.cfg.Token)
 	}
-	c, resp, err := websocket.Dial(dctx, u.String(), &websocket.DialOptions{HTTPClient: a.relay, HTTPHeader: header})
+	ws, resp, err := websocket.Dial(dctx, u.String(), &websocket.DialOptions{HTTPClient: a.wsClient, HTTPHeader: header})
 	if err != nil {
+		if resp != nil && resp.StatusCode == http.StatusTemporaryRedirect {
+			return nil, tunnel.Placed{}, tunnel.RedirectFromResponse(resp)
+		}
 		if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
-			return nil, errors.Join(tunnel.ErrRefused, err)
+			return nil, tunnel.Placed{}, errors.Join(tunnel.ErrRefused, err)
 		}
 		if resp != nil && resp.StatusCode == http.StatusNotFound {
-			return nil, errors.Join(tunnel.ErrNotSupported, err)
+			return nil, tunnel.Placed{}, errors.Join(tunnel.ErrNotSupported, err)
 		}
-		return nil, err
+		return nil, tunnel.Placed{}, err
 	}
-	return websocket.NetConn(context.Background(), c, websocket.MessageBinary), nil
+	return websocket.NetConn(context.Background(), ws, websocket.MessageBinary), tunnel.PlacedFromHeader(resp.Header), nil
 }
 
 // prefixed returns relay with the relay prefix appended to its path.

@@ -119,9 +119,10 @@ func (l *eventLog) list(ctx context.Context, n int) ([]Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the event log: %w", err)
 	}
-	out := make([]Event, 0, n)
-	for len(out) < n {
-		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(time.Second))
+	want := int(min(uint64(n), last-start+1)) // what the stream holds: no waiting for more
+	out := make([]Event, 0, want)
+	for len(out) < want {
+		batch, err := cons.Fetch(want-len(out), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("reading the event log: %w", err)
 		}

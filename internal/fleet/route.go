@@ -59,9 +59,9 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 	return Target{ID: id, Address: addr, Self: id == m.cfg.RelayID}, true
 }
 
-// Ranked returns the advertised addresses of the available relays, best
-// first for device: the list an agent walks when its relay is lost.
-func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []string {
+// Ranked returns the available relays, best first for device: the list an
+// agent walks when its relay is lost.
+func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []Target {
 	now := time.Now()
 	var cands []ranking.Relay
 	addrs := map[string]string{}
@@ -73,10 +73,11 @@ func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []st
 		}
 	}
 	order := ranking.Rank(device, region, cands, make([]int, 0, len(cands)))
-	out := make([]string, 0, len(order))
+	out := make([]Target, 0, len(order))
 	for _, i := range order {
-		if a := addrs[cands[i].ID]; a != "" {
-			out = append(out, a)
+		id := cands[i].ID
+		if a := addrs[id]; a != "" {
+			out = append(out, Target{ID: id, Address: a, Self: id == m.cfg.RelayID})
 		}
 	}
 	return out

@@ -42,7 +42,7 @@ func TestFleetDirectoryAcrossRelays(t *testing.T) {
 	relays := StartFleet(t, 3)
 	c := NewClient(t, true)
 	backend := newBackend(t, "b")
-	holder := relays[1]
+	holder, _ := HolderFor(t, relays, "robot-1")
 	agentTok := holder.Token(t, auth.KindAgent, "", "robot-*")
 
 	for _, r := range relays {
@@ -100,14 +100,16 @@ func TestDeviceVisibility(t *testing.T) {
 	c := NewClient(t, true)
 	backend := newBackend(t, "b")
 	// Tokens are made on the relay the agents dial, which knows them at once.
-	StartAgent(t, relays[1], "robot-1", backend.URL, relays[1].Token(t, auth.KindAgent, "", "robot-1"))
-	StartAgent(t, relays[1], "lab-1", backend.URL, relays[1].Token(t, auth.KindAgent, "", "lab-1"))
+	robotHolder, _ := HolderFor(t, relays, "robot-1")
+	labHolder, _ := HolderFor(t, relays, "lab-1")
+	StartAgent(t, robotHolder, "robot-1", backend.URL, robotHolder.Token(t, auth.KindAgent, "", "robot-1"))
+	StartAgent(t, labHolder, "lab-1", backend.URL, labHolder.Token(t, auth.KindAgent, "", "lab-1"))
 	Eventually(t, 10*time.Second, func() error {
 		var ds []fleet.DeviceStatus
 		if _, err := getJSON(c, r.AdminURL+"/api/v1/devices", r.AdminToken, &ds); err != nil {
 			return err
 		}
-		if len(ds) != 2 || ds[0].Name != "lab-1" || ds[1].Name != "robot-1" || ds[1].RelayID != relays[1].Node.Fleet().ID() {
+		if len(ds) != 2 || ds[0].Name != "lab-1" || ds[1].Name != "robot-1" || ds[1].RelayID != robotHolder.Node.Fleet().ID() {
 			return fmt.Errorf("devices %+v", ds)
 		}
 		return nil
@@ -142,7 +144,7 @@ func TestDeviceVisibility(t *testing.T) {
 	}
 	// The admin sees the relay behind it.
 	var link fleet.DeviceLink
-	if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/lab-1", r.AdminToken, &link); err != nil || link.Relay == nil || link.Relay.Hostname == "" || len(link.Relay.Addresses) == 0 {
+	if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/lab-1", r.AdminToken, &link); err != nil || link.Relay == nil || link.Relay.ID != labHolder.Node.Fleet().ID() || link.Relay.Hostname == "" || len(link.Relay.Addresses) == 0 {
 		t.Errorf("admin show lab-1: %+v, %v", link, err)
 	}
 	// Users may not list relays, events or status; agents may not list devices.
@@ -263,7 +265,7 @@ func relayOf(m *fleet.Member, id string) (fleet.RelayStatus, error) {
 func TestCancelDeviceFleetWide(t *testing.T) {
 	relays := StartFleet(t, 3)
 	backend := newBackend(t, "b")
-	holder := relays[2]
+	holder, _ := HolderFor(t, relays, "robot-1")
 	StartAgent(t, holder, "robot-1", backend.URL, holder.Token(t, auth.KindAgent, "", "robot-1"))
 	holder.WaitDevice(t, "robot-1")
 	before := holder.Node.TunnelConnects()

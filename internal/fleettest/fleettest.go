@@ -6,6 +6,7 @@ package fleettest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -91,6 +92,55 @@ func StartFleet(t testing.TB, n int, opts ...func(*node.Config)) []*Relay {
 		relays = append(relays, StartRelay(t, append([]func(*node.Config){FastFleet, join}, opts...)...))
 	}
 	return relays
+}
+
+// HolderFor waits until every relay of the fleet sees all of them fresh,
+// then returns the relay the ranking picks for device (where its agents
+// stay rather than being sent on) and the others.
+func HolderFor(t testing.TB, relays []*Relay, device string) (holder *Relay, others []*Relay) {
+	t.Helper()
+	Eventually(t, 10*time.Second, func() error {
+		for _, r := range relays {
+			n := 0
+			for _, rs := range r.Node.Fleet().Relays() {
+				if rs.Fresh {
+					n++
+				}
+			}
+			if n != len(relays) {
+				return fmt.Errorf("a relay sees %d fresh relays of %d", n, len(relays))
+			}
+		}
+		return nil
+	})
+	target, ok := relays[0].Node.Fleet().Holder(device, "", nil, "")
+	if !ok {
+		t.Fatalf("no relay can hold %s", device)
+	}
+	for _, r := range relays {
+		if r.Node.Fleet().ID() == target.ID {
+			holder = r
+		} else {
+			others = append(others, r)
+		}
+	}
+	return holder, others
+}
+
+// FleetToken creates a token on the first relay and waits until every
+// relay knows it.
+func FleetToken(t testing.TB, relays []*Relay, kind auth.Kind, name string, devices ...string) string {
+	t.Helper()
+	tok := relays[0].Token(t, kind, name, devices...)
+	Eventually(t, 5*time.Second, func() error {
+		for _, r := range relays {
+			if _, err := r.Node.Tokens().Authenticate(tok); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return tok
 }
 
 // Token creates a token of kind for devices and returns its secret.

@@ -23,16 +23,23 @@ import (
 )
 
 // fleetSetup starts three relays on one NATS, a backend, and an agent for
-// "dev" on the third relay, and waits until every relay's directory has it
-// there. It returns the relays, the backend and a user token.
+// "dev" on the relay that should hold it, and waits until every relay's
+// directory has it there. It returns the relays with the holder last, the
+// backend and a user token.
 func fleetSetup(t *testing.T, proto string) ([]*Relay, *testBackend, string) {
 	t.Helper()
 	relays := StartFleet(t, 3)
+	holder, others := HolderFor(t, relays, "dev")
 	b := newBackend(t, "b1")
-	holder := relays[2]
 	StartAgent(t, holder, "dev", b.URL, holder.Token(t, auth.KindAgent, "dev agent", "dev"), protocol(proto))
 	waitHolder(t, relays, "dev", holder)
-	return relays, b, relays[0].Token(t, auth.KindUser, "alice", "dev")
+	return append(others, holder), b, FleetToken(t, relays, auth.KindUser, "alice", "dev")
+}
+
+// holderLast returns relays with the holder of device last.
+func holderLast(t *testing.T, relays []*Relay, device string) []*Relay {
+	holder, others := HolderFor(t, relays, device)
+	return append(others, holder)
 }
 
 // waitHolder waits until every relay's directory puts device on holder.
@@ -119,12 +126,12 @@ func TestForwardThroughNonHolder(t *testing.T) {
 }
 
 func TestForwardedCancellationReachesTheBackend(t *testing.T) {
-	relays := StartFleet(t, 3)
+	relays := holderLast(t, StartFleet(t, 3), "dev")
 	bb := &blockingBackend{release: make(chan struct{})}
 	backend := httptestServer(t, bb)
 	StartAgent(t, relays[2], "dev", backend, relays[2].Token(t, auth.KindAgent, "", "dev"))
 	waitHolder(t, relays, "dev", relays[2])
-	user := relays[0].Token(t, auth.KindUser, "u", "dev")
+	user := FleetToken(t, relays, auth.KindUser, "u", "dev")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, relays[0].URL+"/client/dev/block", nil)
@@ -150,7 +157,7 @@ func TestForwardedCancellationReachesTheBackend(t *testing.T) {
 }
 
 func TestForwardedGRPCBidi(t *testing.T) {
-	relays := StartFleet(t, 3)
+	relays := holderLast(t, StartFleet(t, 3), "grpc-dev")
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +178,7 @@ func TestForwardedGRPCBidi(t *testing.T) {
 	client := testpb.NewTestServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "grpc-dev", "x-switchboard-token", relays[0].Token(t, auth.KindUser, "u"))
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "grpc-dev", "x-switchboard-token", FleetToken(t, relays, auth.KindUser, "u"))
 	stream, err := client.FullDuplexCall(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +207,8 @@ func TestRefusedHolderIsVetoedAtOnce(t *testing.T) {
 		c.Fleet.FreshAfter = time.Minute // the dead relay stays fresh
 		c.Broker.NoAgentGrace = 200 * time.Millisecond
 	})
-	user := relays[0].Token(t, auth.KindUser, "u", "dev")
+	relays = holderLast(t, relays, "dev")
+	user := FleetToken(t, relays, auth.KindUser, "u", "dev")
 	b := newBackend(t, "b1")
 	StartAgent(t, relays[2], "dev", b.URL, relays[2].Token(t, auth.KindAgent, "", "dev"))
 	waitHolder(t, relays, "dev", relays[2])
@@ -228,4 +236,64 @@ func TestRefusedHolderIsVetoedAtOnce(t *testing.T) {
 		}
 		return errors.New("no veto event")
 	})
+}
+
+// TestAgentRedirectedToHolder starts an agent against a relay that should
+// not hold its device: it is sent to the one that should.
+func TestAgentRedirectedToHolder(t *testing.T) {
+	for _, ws := range []bool{false, true} {
+		t.Run(map[bool]string{false: "upgrade", true: "websocket"}[ws], func(t *testing.T) {
+			relays := StartFleet(t, 3)
+			holder, others := HolderFor(t, relays, "dev")
+			b := newBackend(t, "b1")
+			tok := FleetToken(t, relays, auth.KindAgent, "", "dev")
+			StartAgent(t, others[0], "dev", b.URL, tok, func(c *agent.Config) { c.WebSocket = ws })
+			waitHolder(t, relays, "dev", holder)
+			if n := others[0].Node.TunnelSessions(); n != 0 {
+				t.Errorf("the entry relay kept %d tunnels", n)
+			}
+		})
+	}
+}
+
+// TestAgentFailsOverWhenItsRelayDies kills the relay holding a device: its
+// agent walks the relay list it was given, names the dead relay as
+// unreachable, lands on a survivor, and users reach the device through any
+// survivor again.
+func TestAgentFailsOverWhenItsRelayDies(t *testing.T) {
+	relays := StartFleet(t, 3, func(c *node.Config) {
+		c.Fleet.FreshAfter = time.Minute // the dead relay stays fresh: only the agent and the data path know
+	})
+	holder, others := HolderFor(t, relays, "dev")
+	b := newBackend(t, "b1")
+	StartAgent(t, holder, "dev", b.URL, FleetToken(t, relays, auth.KindAgent, "", "dev"))
+	waitHolder(t, relays, "dev", holder)
+	user := FleetToken(t, relays, auth.KindUser, "u", "dev")
+	c := NewClient(t, true)
+
+	dead := holder.Node.Fleet().ID()
+	killed := time.Now()
+	holder.Node.Fleet().Abandon()
+	holder.Node.Close()
+	var took time.Duration
+	Eventually(t, 10*time.Second, func() error {
+		req, _ := http.NewRequest(http.MethodGet, others[0].URL+"/client/dev/echo/x", nil)
+		req.Header.Set("Authorization", "Bearer "+user)
+		resp, err := c.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		took = time.Since(killed)
+		return nil
+	})
+	t.Logf("first success %s after the kill", took)
+	d, err := others[1].Node.Fleet().Device("dev")
+	if err != nil || d.RelayID == dead || d.Agents == 0 {
+		t.Errorf("directory after the failover: %+v, %v", d, err)
+	}
 }

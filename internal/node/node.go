@@ -159,7 +159,7 @@ func (n *Node) buildServers() {
 		Transport:     n.router,
 		VerifyPeer:    n.verifyPeer,
 		Agents:        agents,
-		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Ready: n.ready.Load, Logger: n.log},
+		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
 		Ready:         n.ready.Load,
 		Logger:        n.log,

@@ -14,6 +14,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/router"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
 
@@ -134,3 +135,23 @@ func (n *Node) verifyPeer(r *http.Request, device string) (string, error) {
 
 // Vetoed reports whether this relay's watchdog vetoes the relay id now.
 func (n *Node) Vetoed(id string) bool { return n.watchdog.Vetoed(id) }
+
+// placeAgent decides where a native agent of device belongs: here when this
+// relay holds the device, or should take it, else the holder, to which the
+// agent is redirected. An agent that follows a redirect is taken wherever
+// it lands; one that names the relay it lost as unreachable has that relay
+// left out for its device alone (the relay is not vetoed for anyone else).
+func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
+	p := tunnel.Placement{RelayID: n.member.ID()}
+	for _, t := range n.member.Ranked(device, n.cfg.Region, n.watchdog.Vetoed) {
+		p.Relays = append(p.Relays, tunnel.RelayAddr{ID: t.ID, URL: t.Address})
+	}
+	if r.Header.Get(tunnel.RedirectedHeader) != "" {
+		return p
+	}
+	t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, r.Header.Get(tunnel.UnreachableHeader))
+	if ok && !t.Self && t.Address != "" {
+		p.Redirect, p.Holder = t.Address, t.ID
+	}
+	return p
+}

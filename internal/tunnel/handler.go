@@ -26,6 +26,9 @@ type Authorizer func(r *http.Request, device string) (agentID string, err error)
 type Handler struct {
 	Pool      *Pool
 	Authorize Authorizer
+	// Place decides whether this relay should hold the device's agent, or
+	// send it to the relay that should; nil takes every agent here.
+	Place func(r *http.Request, device string) Placement
 	// Ready reports whether the relay takes new tunnels; nil means always.
 	// A draining relay answers 503 so that the agent dials another.
 	Ready  func() bool
@@ -59,11 +62,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	instance := r.Header.Get(wire.InstanceHeader)
+	var place Placement
+	if h.Place != nil {
+		place = h.Place(r, device)
+	}
+	if place.RelayID != "" {
+		w.Header().Set(RelayIDHeader, place.RelayID)
+	}
+	if list := FormatRelays(place.Relays); list != "" {
+		w.Header().Set(RelaysHeader, list)
+	}
+	if place.Redirect != "" {
+		w.Header().Set("Location", place.Redirect)
+		w.Header().Set(HolderHeader, place.Holder)
+		textError(w, http.StatusTemporaryRedirect, "relay "+place.Holder+" holds this device: connect there")
+		return
+	}
 	switch {
 	case r.URL.Path == WebSocketPath:
 		h.acceptWebSocket(w, r, device, agentID, instance)
 	case IsHandshake(r):
-		conn, err := Accept(w, r)
+		conn, err := AcceptPlaced(w, r, place)
 		if err != nil {
 			h.log().Warn("tunnel handshake failed", "device", device, "err", err)
 			return

@@ -134,7 +134,11 @@ func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, err
 		return nil, fmt.Errorf("read tunnel handshake: %w", err)
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols && strings.EqualFold(resp.Header.Get("Upgrade"), Protocol) {
-		return withBuffered(conn, br), nil
+		return &placedConn{Conn: withBuffered(conn, br), placed: placedFrom(resp.Header)}, nil
+	}
+	if resp.StatusCode == http.StatusTemporaryRedirect {
+		resp.Body.Close()
+		return nil, redirectFrom(resp)
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	resp.Body.Close()
@@ -160,12 +164,25 @@ func IsHandshake(r *http.Request) bool {
 // relay as the client. The caller has checked IsHandshake and authorized the
 // agent.
 func Accept(w http.ResponseWriter, r *http.Request) (net.Conn, error) {
+	return AcceptPlaced(w, r, Placement{})
+}
+
+// AcceptPlaced is Accept with the relay's id and the fleet's relay list in
+// the answer.
+func AcceptPlaced(w http.ResponseWriter, r *http.Request, p Placement) (net.Conn, error) {
+	extra := ""
+	if p.RelayID != "" {
+		extra += RelayIDHeader + ": " + p.RelayID + "\r\n"
+	}
+	if list := FormatRelays(p.Relays); list != "" {
+		extra += RelaysHeader + ": " + list + "\r\n"
+	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		return nil, fmt.Errorf("take over tunnel connection: %w", err)
 	}
 	conn.SetDeadline(time.Time{}) // the server's header deadlines do not apply to the tunnel
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n"+extra+"\r\n"); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("answer tunnel handshake: %w", err)
 	}
@@ -179,6 +196,21 @@ func withBuffered(conn net.Conn, br *bufio.Reader) net.Conn {
 	}
 	data, _ := br.Peek(br.Buffered())
 	return &prefixConn{Conn: conn, prefix: append([]byte(nil), data...)}
+}
+
+// placedConn is a tunnel connection with what the relay said of itself.
+type placedConn struct {
+	net.Conn
+	placed Placed
+}
+
+// PlacedOf returns what the relay said when it took the tunnel conn (the
+// zero Placed for a connection that is not a dialled tunnel).
+func PlacedOf(conn net.Conn) Placed {
+	if pc, ok := conn.(*placedConn); ok {
+		return pc.placed
+	}
+	return Placed{}
 }
 
 // prefixConn is a net.Conn whose first reads return prefix.

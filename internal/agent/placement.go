@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"net"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
+)
+
+// maxRedirects bounds the redirects an agent follows in a row.
+const maxRedirects = 2
+
+// walker chooses the relay a native agent dials next. It starts with the
+// configured entry points; a relay that takes the agent says which relay it
+// is and lists the fleet's relays best first for the device, and a relay
+// that should not hold the device redirects the agent to the one that
+// should. When the agent loses its relay it walks that list: at once, and
+// naming the lost relay as unreachable, when the relay fell silent; after
+// one quick retry of the same relay when the relay closed the connection
+// (a cancel, a drain), which a live relay answers at once.
+type walker struct {
+	entries []*url.URL
+	entry   int
+
+	learned []tunnel.RelayAddr // the last list a relay gave
+	current tunnel.RelayAddr   // the relay of the current or last tunnel
+	curURL  *url.URL
+
+	queue       []candidate // to try next, in order
+	redirect    *candidate  // a redirect to follow next
+	redirects   int         // redirects followed in a row
+	unreachable string      // the relay id to report as lost
+}
+
+// candidate is a relay to dial.
+type candidate struct {
+	url *url.URL
+	id  string // "" for a configured entry point
+}
+
+func newWalker(entries []*url.URL) *walker { return &walker{entries: entries} }
+
+// target returns the relay to dial next and the headers to send with it.
+func (w *walker) target() (candidate, http.Header) {
+	h := http.Header{}
+	if w.redirect != nil {
+		h.Set(tunnel.RedirectedHeader, "1")
+		return *w.redirect, h
+	}
+	if w.unreachable != "" {
+		h.Set(tunnel.UnreachableHeader, w.unreachable)
+	}
+	if len(w.queue) > 0 {
+		return w.queue[0], h
+	}
+	return candidate{url: w.entries[w.entry]}, h
+}
+
+// failed records that dialling c failed: it moves to the next candidate,
+// and a relay the agent knows by id is reported unreachable from now on.
+func (w *walker) failed(c candidate) {
+	switch {
+	case w.redirect != nil:
+		w.redirect = nil
+		w.queue = w.others(c.id)
+	case len(w.queue) > 0:
+		w.queue = w.queue[1:]
+	default:
+		w.entry = (w.entry + 1) % len(w.entries)
+	}
+	if c.id != "" {
+		w.unreachable = c.id
+	}
+}
+
+// redirected records a redirect; it reports false when too many came in a
+// row, and the caller should back off.
+func (w *walker) redirected(re *tunnel.RedirectError) bool {
+	if len(re.Relays) > 0 {
+		w.learned = re.Relays
+	}
+	w.redirects++
+	if w.redirects > maxRedirects {
+		w.redirect, w.redirects = nil, 0
+		return false
+	}
+	w.redirect = &candidate{url: re.Location, id: re.Holder}
+	return true
+}
+
+// connected records the relay that took the tunnel.
+func (w *walker) connected(c candidate, p tunnel.Placed) {
+	w.current = tunnel.RelayAddr{ID: p.RelayID, URL: c.url.String()}
+	w.curURL = c.url
+	if len(p.Relays) > 0 {
+		w.learned = p.Relays
+	}
+	w.queue, w.redirect, w.redirects, w.unreachable = nil, nil, 0, ""
+}
+
+// lost records the end of the tunnel. silent says the relay stopped
+// answering (rather than closing the connection).
+func (w *walker) lost(silent bool) {
+	if silent {
+		w.unreachable = w.current.ID
+		w.queue = w.others(w.current.ID)
+		return
+	}
+	w.queue = append([]candidate{{url: w.curURL, id: w.current.ID}}, w.others(w.current.ID)...)
+}
+
+// others is the learned list without the relay id.
+func (w *walker) others(id string) []candidate {
+	var out []candidate
+	for _, r := range w.learned {
+		if r.ID == id {
+			continue
+		}
+		if u, err := url.Parse(r.URL); err == nil {
+			out = append(out, candidate{url: u, id: r.ID})
+		}
+	}
+	return out
+}
+
+// watchedConn tells whether a tunnel ended because the relay closed it (a
+// read failed first) or because this side gave up on a silent relay (it
+// closed the connection first: a ping went unanswered).
+type watchedConn struct {
+	net.Conn
+	readFailed atomic.Bool
+	closed     atomic.Bool
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil && !c.closed.Load() {
+		c.readFailed.Store(true)
+	}
+	return n, err
+}
+
+func (c *watchedConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// silent reports whether this side closed the connection before the relay did.
+func (c *watchedConn) silent() bool { return !c.readFailed.Load() }
