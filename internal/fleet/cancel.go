@@ -41,6 +41,19 @@ func (m *Member) subscribeCancels() (*nats.Subscription, error) {
 	})
 }
 
+// publishCancel sends c without waiting; a relay that misses it (NATS away)
+// still learns of the move from the directory.
+func (m *Member) publishCancel(c cancelMsg) {
+	c.By = m.cfg.RelayID
+	data, err := json.Marshal(c)
+	if err == nil {
+		err = m.st.Conn().Publish(SubjectCancel, data)
+	}
+	if err != nil {
+		m.log.Debug("could not ask a relay to drop a device", "device", c.Device, "relay", c.RelayID, "error", err)
+	}
+}
+
 // CancelDevice asks every relay of the fleet to drop all sessions of device
 // (agents' tunnels and polls, and the requests in flight through them); the
 // agents reconnect. It returns once NATS has the request.

@@ -46,6 +46,7 @@ type Member struct {
 
 	mu        sync.Mutex          // guards published; held by the reconcile loop
 	published map[string]Presence // what this relay last wrote per device
+	movedAway map[string]bool     // devices another relay took while agents remained here
 	stopping  bool                // the shutdown was announced
 	hk        housekeeping        // used by the lease holder's loop only
 }
@@ -64,6 +65,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		st:        st,
 		kick:      make(chan struct{}, 1),
 		published: map[string]Presence{},
+		movedAway: map[string]bool{},
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
@@ -301,6 +303,13 @@ func (m *Member) reconcile(ctx context.Context) error {
 			continue
 		}
 		if inDir && entry.RelayID != m.cfg.RelayID && published && pub == p {
+			// Another relay took the device since this one wrote it: drop
+			// what is left here (split affinity), once; the cancel
+			// message usually did already.
+			if !m.movedAway[dev] {
+				m.movedAway[dev] = true
+				m.cfg.OnCancel(dev, "the device moved to relay "+entry.RelayID)
+			}
 			continue
 		}
 		if err := m.attach(ctx, dev, p); err != nil {
@@ -321,6 +330,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 			continue
 		}
 		delete(m.published, dev)
+		delete(m.movedAway, dev)
 		if done {
 			m.Record(Event{Type: EventDeviceDetached, Device: dev, RelayID: m.cfg.RelayID,
 				Message: fmt.Sprintf("device %s: its last agent left relay %s", dev, m.cfg.RelayID)})
@@ -340,6 +350,9 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence) error {
 	case res.moved:
 		m.Record(Event{Type: EventDeviceMoved, Device: dev, RelayID: m.cfg.RelayID, From: res.from,
 			Message: fmt.Sprintf("device %s moved from relay %s to relay %s", dev, res.from, m.cfg.RelayID)})
+		// Split affinity: the old holder drops what it still has of the
+		// device, so that its agents reconnect and land here.
+		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID})
 	case res.isNew:
 		m.Record(Event{Type: EventDeviceAttached, Device: dev, RelayID: m.cfg.RelayID,
 			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, p.Agents, p.Protocol)})

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // fleetSetup starts three relays on one NATS, a backend, and an agent for
@@ -296,4 +298,43 @@ func TestAgentFailsOverWhenItsRelayDies(t *testing.T) {
 	if err != nil || d.RelayID == dead || d.Agents == 0 {
 		t.Errorf("directory after the failover: %+v, %v", d, err)
 	}
+}
+
+// TestSplitAffinityDropsTheOldHolder attaches a second agent of a device to
+// another relay than its holder (as an agent that cannot reach the holder
+// would): the directory moves there, the old holder drops its agent, and
+// that agent, reconnecting, is sent to the new holder.
+func TestSplitAffinityDropsTheOldHolder(t *testing.T) {
+	relays := StartFleet(t, 3)
+	holder, others := HolderFor(t, relays, "dev")
+	b := newBackend(t, "b1")
+	tok := FleetToken(t, relays, auth.KindAgent, "", "dev")
+	StartAgent(t, holder, "dev", b.URL, tok)
+	waitHolder(t, relays, "dev", holder)
+
+	// A tunnel that insists on others[0].
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	conn, err := tunnel.Dial(ctx, tunnel.DialConfig{Relay: mustParse(t, others[0].URL), Device: "dev", Token: tok},
+		http.Header{tunnel.RedirectedHeader: {"1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		tunnel.Serve(ctx, conn, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "insisting agent") }), testLiveness)
+	}()
+	defer func() { cancel(); <-served }()
+
+	waitHolder(t, relays, "dev", others[0])
+	Eventually(t, 10*time.Second, func() error {
+		if n := holder.Node.TunnelSessions(); n != 0 {
+			return fmt.Errorf("the old holder still has %d tunnels", n)
+		}
+		if n := others[0].Node.TunnelSessions(); n != 2 {
+			return fmt.Errorf("the new holder has %d tunnels, want 2", n)
+		}
+		return nil
+	})
 }
