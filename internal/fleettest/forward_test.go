@@ -338,3 +338,40 @@ func TestSplitAffinityDropsTheOldHolder(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLongPollAgentAtNonHolder points a long-poll agent at a relay that
+// does not hold its device (as a round-robin load balancer would): its
+// calls are forwarded to the holder, where users' requests meet them.
+func TestLongPollAgentAtNonHolder(t *testing.T) {
+	relays := StartFleet(t, 3)
+	holder, others := HolderFor(t, relays, "dev")
+	b := newBackend(t, "b1")
+	StartAgent(t, others[0], "dev", b.URL, FleetToken(t, relays, auth.KindAgent, "", "dev"), protocol(agent.ProtocolLongPoll))
+	waitHolder(t, relays, "dev", holder)
+	user := FleetToken(t, relays, auth.KindUser, "u", "dev")
+	for _, entry := range relays {
+		e := decodeEcho(t, do(t, http.MethodPost, entry.URL+"/client/dev/echo/lp", user, strings.NewReader("through the holder")))
+		if e.Body != "through the holder" {
+			t.Errorf("via %s: %+v", entry.URL, e)
+		}
+	}
+	// A websocket needs /server/requeststream to reach the holder too.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(others[1].URL, "http")+"/client/dev/ws", &websocket.DialOptions{
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + user}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := c.Read(ctx); err != nil || string(got) != "ping" {
+		t.Fatalf("echo %q, %v", got, err)
+	}
+	if others[0].Node.Fleet().ID() == holder.Node.Fleet().ID() {
+		t.Fatal("test setup: the polled relay is the holder")
+	}
+}

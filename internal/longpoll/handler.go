@@ -6,6 +6,7 @@
 package longpoll
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,11 @@ type Config struct {
 	// MaxChunkBytes caps one posted HttpResponse message. Default 16 MiB
 	// (the reference agent posts at most 1 MiB of body per chunk).
 	MaxChunkBytes int
+	// Route, if set, says where an agent's call for device belongs: nil
+	// serves it here, else the returned handler takes it (forwarding it to
+	// the relay that holds the device). It runs after the agent's
+	// credential was checked.
+	Route func(r *http.Request, device string) http.Handler
 	// Logger receives the handler's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -91,6 +97,9 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if h.routed(w, r, device) {
+		return
+	}
 	ex, err := h.cfg.Broker.Poll(r.Context(), device, agentID, r.Header.Get(wire.InstanceHeader))
 	switch {
 	case errors.Is(err, broker.ErrPollTimeout):
@@ -135,6 +144,10 @@ func (h *Handler) response(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	if h.routed(w, r, device) {
+		return
+	}
 	if err := h.cfg.Broker.Deliver(r.Context(), agentID, msg); err != nil {
 		writeAgentError(w, err, http.StatusBadRequest)
 		return
@@ -160,6 +173,9 @@ func (h *Handler) requestStream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if h.routed(w, r, device) {
+		return
+	}
 	p, err := h.cfg.Broker.NextUpstream(r.Context(), agentID, id)
 	if err != nil {
 		writeAgentError(w, err, http.StatusGone)
@@ -167,6 +183,20 @@ func (h *Handler) requestStream(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-data")
 	w.Write(p)
+}
+
+// routed hands r to the handler Route names, if any, and reports whether
+// it did.
+func (h *Handler) routed(w http.ResponseWriter, r *http.Request, device string) bool {
+	if h.cfg.Route == nil {
+		return false
+	}
+	next := h.cfg.Route(r, device)
+	if next == nil {
+		return false
+	}
+	next.ServeHTTP(w, r)
+	return true
 }
 
 // deviceOfID returns the device part of a request id "<device>:<hex>".

@@ -152,6 +152,7 @@ func (n *Node) buildServers() {
 	agents := longpoll.NewHandler(longpoll.Config{
 		Broker:        n.broker,
 		Authorize:     n.authorizeAgent,
+		Route:         n.routeAgent,
 		MaxChunkBytes: n.cfg.MaxChunkBytes,
 		Logger:        n.log,
 	})

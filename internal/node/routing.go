@@ -155,3 +155,24 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 	}
 	return p
 }
+
+// routeAgent says where a long-poll agent's call for device belongs: here
+// when it was forwarded by another relay or this relay should hold the
+// device, else the holder's handler.
+func (n *Node) routeAgent(r *http.Request, device string) http.Handler {
+	if r.Header.Get(peer.Header) != "" {
+		_, err := n.signer.Verify(r.Header, device)
+		r.Header.Del(peer.Header)
+		if err != nil {
+			return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				http.Error(w, "a forward from another relay was refused: "+err.Error(), http.StatusUnauthorized)
+			})
+		}
+		return nil
+	}
+	t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, "")
+	if !ok || t.Self || t.Address == "" {
+		return nil
+	}
+	return n.router.ProxyTo(t, device)
+}

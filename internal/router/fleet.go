@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"time"
@@ -168,4 +169,43 @@ func replayable(req *http.Request) bool {
 	}
 	req.Body = body
 	return true
+}
+
+// ProxyTo returns a handler that forwards an agent's call about device, as
+// it is, to the relay t, signed so that t serves it rather than forwarding
+// it again. Long-poll agents may poll any relay; their calls all meet at
+// the device's holder.
+func (f *Fleet) ProxyTo(t fleet.Target, device string) http.Handler {
+	base, err := url.Parse(t.Address)
+	if err != nil || base.Host == "" {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, fmt.Sprintf("relay %s, which holds the device, advertises no usable address", t.ID), http.StatusBadGateway)
+		})
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = base.Scheme, base.Host
+			pr.Out.Host = pr.In.Host
+			f.Signer.Sign(pr.Out.Header, device)
+		},
+		Transport:     f.h2,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return
+			}
+			if unreachable(err) {
+				f.Veto(t.ID, err)
+			}
+			http.Error(w, fmt.Sprintf("relay %s, which holds the device, did not answer: %v", t.ID, err), http.StatusBadGateway)
+		},
+		ErrorLog: slog.NewLogLogger(f.logger().Handler(), slog.LevelDebug),
+	}
+}
+
+func (f *Fleet) logger() *slog.Logger {
+	if f.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return f.Logger
 }
