@@ -193,3 +193,9 @@ func (b *Broker) lookup(id string) (*Exchange, string) {
 	}
 	return ex, ex.agentID
 }
+
+// Knows reports whether the request id is in flight on this broker.
+func (b *Broker) Knows(id string) bool {
+	ex, _ := b.lookup(id)
+	return ex != nil
+}

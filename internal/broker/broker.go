@@ -255,3 +255,12 @@ func (b *Broker) HasAgent(device string) bool {
 	d := b.devices[device]
 	return d != nil && b.connectedLocked(d, time.Now(), b.cfg.PickupTimeout)
 }
+
+// Remembers reports whether device had a long-poll agent within the
+// inactive backend timeout: a request for it waits a grace for the agent.
+func (b *Broker) Remembers(device string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := b.devices[device]
+	return d != nil && b.connectedLocked(d, time.Now(), b.cfg.InactiveBackendTimeout)
+}

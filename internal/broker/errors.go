@@ -39,6 +39,9 @@ var (
 	ErrTimeout = errors.New("agent did not answer in time")
 )
 
+// NoAgentError is the error for a device without an agent.
+func NoAgentError(device string) error { return noAgentError(device) }
+
 func noAgentError(device string) error {
 	return &Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: 5 * time.Second,
 		Message: fmt.Sprintf("device %q has no agent connected to this relay; start its agent or check its logs", device)}

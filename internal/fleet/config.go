@@ -63,6 +63,9 @@ type Config struct {
 	// changes, with its new value, e.g. after an operator's drain. Optional;
 	// it must not block.
 	OnShouldDrain func(draining bool)
+	// OnChange is called after each change to the relay set or the device
+	// directory this member mirrors. Optional; it must not block.
+	OnChange func()
 	// OnCancel is called when the fleet asks this relay to drop every
 	// session of a device (CancelDevice). Optional; it must not block long.
 	OnCancel func(device, reason string)
@@ -95,6 +98,9 @@ func (c *Config) Complete() {
 	}
 	if c.OnShouldDrain == nil {
 		c.OnShouldDrain = func(bool) {}
+	}
+	if c.OnChange == nil {
+		c.OnChange = func() {}
 	}
 	if c.OnCancel == nil {
 		c.OnCancel = func(string, string) {}

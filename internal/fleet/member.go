@@ -74,8 +74,11 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 	m.relaysKV, m.devsKV, m.leaseKV = s.relays, s.devices, s.leases
 	stream := s.events
 	m.events = newEventLog(st.JetStream(), stream, m.log)
-	m.relays = newMirror[Relay](m.relaysKV, m.log, nil)
-	m.devices = newMirror[Attachment](m.devsKV, m.log, m.Changed)
+	m.relays = newMirror[Relay](m.relaysKV, m.log, cfg.OnChange)
+	m.devices = newMirror[Attachment](m.devsKV, m.log, func() {
+		m.Changed()
+		cfg.OnChange()
+	})
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel

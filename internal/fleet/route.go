@@ -22,6 +22,35 @@ type Target struct {
 // scratch recycles the candidate slices of Holder.
 var scratch = sync.Pool{New: func() any { s := make([]ranking.Relay, 0, 16); return &s }}
 
+// Known reports whether the directory has an entry for device: it had an
+// agent somewhere in the fleet, and has not been reaped.
+func (m *Member) Known(device string) bool {
+	_, ok := m.devices.get(deviceKey(device))
+	return ok
+}
+
+// Route returns the relay a user's request for device should go to: the
+// relay recorded in the directory while its agents are there and it
+// answers (fresh, healthy, not vetoed, not excluded), even when it drains —
+// a drain moves nothing mid-flight, and users follow the agents as they
+// move — else Holder's choice.
+func (m *Member) Route(device, region string, vetoed func(id string) bool, exclude string) (Target, bool) {
+	if d, found := m.devices.get(deviceKey(device)); found && d.Agents > 0 && d.RelayID != exclude {
+		if r, ok := m.relays.get(d.RelayID); ok && m.fresh(r, time.Now()) && r.Healthy && (vetoed == nil || !vetoed(r.ID)) {
+			return m.target(r), true
+		}
+	}
+	return m.Holder(device, region, vetoed, exclude)
+}
+
+func (m *Member) target(r Relay) Target {
+	addr := ""
+	if len(r.Addresses) > 0 {
+		addr = r.Addresses[0]
+	}
+	return Target{ID: r.ID, Address: addr, Self: r.ID == m.cfg.RelayID}
+}
+
 // Holder returns the relay that should serve device now: the relay recorded
 // in the directory while it is available (sticky), else the best available
 // relay by the ranking. A relay is available when it is fresh, healthy, not
@@ -50,13 +79,8 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 	if i < 0 {
 		return Target{}, false
 	}
-	id := cands[i].ID
-	r, _ := m.relays.get(id)
-	addr := ""
-	if len(r.Addresses) > 0 {
-		addr = r.Addresses[0]
-	}
-	return Target{ID: id, Address: addr, Self: id == m.cfg.RelayID}, true
+	r, _ := m.relays.get(cands[i].ID)
+	return m.target(r), true
 }
 
 // Ranked returns the available relays, best first for device: the list an

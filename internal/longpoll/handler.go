@@ -145,7 +145,8 @@ func (h *Handler) response(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	if h.routed(w, r, device) {
+	// A request in flight here is answered here, wherever its device went.
+	if !h.cfg.Broker.Knows(msg.ID) && h.routed(w, r, device) {
 		return
 	}
 	if err := h.cfg.Broker.Deliver(r.Context(), agentID, msg); err != nil {
@@ -173,7 +174,7 @@ func (h *Handler) requestStream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if h.routed(w, r, device) {
+	if !h.cfg.Broker.Knows(id) && h.routed(w, r, device) {
 		return
 	}
 	p, err := h.cfg.Broker.NextUpstream(r.Context(), agentID, id)

@@ -59,11 +59,15 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.Local = local{n}
 	fc.Logger = n.log
 	fc.OnCancel = n.cancelDevice
+	fc.OnChange = n.changes.signal
 	n.healthy.Store(true)
 	if n.member, err = fleet.Open(ctx, n.store, fc); err != nil {
 		return fmt.Errorf("join the fleet state: %w", err)
 	}
-	n.tunnels.OnChange = n.member.Changed
+	n.tunnels.OnChange = func() {
+		n.member.Changed()
+		n.changes.signal()
+	}
 	n.member.RegisterMetrics(n.registry)
 	return nil
 }

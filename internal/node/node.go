@@ -45,6 +45,7 @@ type Node struct {
 	router       *router.Fleet
 	probeClient  *http.Client
 	stopWatchdog context.CancelFunc
+	changes      *changeHub
 	registry     *prometheus.Registry
 	public       *http.Server
 	admin        *http.Server
@@ -65,7 +66,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2)}
+	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2), changes: newChangeHub()}
 	defer func() {
 		if err != nil {
 			n.closeResources()
@@ -81,6 +82,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		if n.member != nil {
 			n.member.Changed()
 		}
+		n.changes.signal()
 	}
 	if n.broker, err = broker.New(bcfg); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,11 +99,14 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr := router.NewFleet()
 	fr.Local = &router.Local{Native: n.tunnels, LongPoll: n.broker}
 	fr.Holders = func(device, exclude string) (fleet.Target, bool) {
-		return n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, exclude)
+		return n.member.Route(device, n.cfg.Region, n.watchdog.Vetoed, exclude)
 	}
 	fr.HasAgent = func(device string) bool { return n.tunnels.Has(device) || n.broker.HasAgent(device) }
 	fr.Forwarded = func(ctx context.Context) bool { return relay.ForwardedFrom(ctx) != "" }
 	fr.Signer = n.signer
+	fr.Changes = n.changes.next
+	fr.Known = func(device string) bool { return n.member.Known(device) || n.broker.Remembers(device) }
+	fr.Grace = n.cfg.Broker.NoAgentGrace
 	fr.Veto = n.watchdog.Veto
 	fr.OnForward = func(_ string, err error) {
 		if err != nil {
@@ -157,8 +161,10 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 }
 
 // routeAgent says where a long-poll agent's call for device belongs: here
-// when it was forwarded by another relay or this relay should hold the
-// device, else the holder's handler.
+// when another relay forwarded it, else where the device is placed: a poll
+// goes to the relay that should hold the device (so that a drain moves
+// long-poll agents too), an answer to where the device is now (requests in
+// flight here are answered here before this is asked).
 func (n *Node) routeAgent(r *http.Request, device string) http.Handler {
 	if r.Header.Get(peer.Header) != "" {
 		_, err := n.signer.Verify(r.Header, device)
@@ -170,9 +176,37 @@ func (n *Node) routeAgent(r *http.Request, device string) http.Handler {
 		}
 		return nil
 	}
-	t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, "")
+	where := n.member.Route
+	if r.URL.Path == "/server/request" {
+		where = n.member.Holder
+	}
+	t, ok := where(device, n.cfg.Region, n.watchdog.Vetoed, "")
 	if !ok || t.Self || t.Address == "" {
 		return nil
 	}
 	return n.router.ProxyTo(t, device)
+}
+
+// changeHub wakes whoever waits for the next change of this relay's agents
+// or of the fleet state.
+type changeHub struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newChangeHub() *changeHub { return &changeHub{ch: make(chan struct{})} }
+
+// signal wakes the current waiters.
+func (h *changeHub) signal() {
+	h.mu.Lock()
+	close(h.ch)
+	h.ch = make(chan struct{})
+	h.mu.Unlock()
+}
+
+// next returns a channel closed at the next signal.
+func (h *changeHub) next() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ch
 }

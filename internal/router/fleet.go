@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 )
@@ -36,6 +37,15 @@ type Fleet struct {
 	Signer    *peer.Signer
 	// Veto takes a relay out of routing after a connection to it failed.
 	Veto func(relayID string, err error)
+	// Known reports whether the device had an agent in the fleet: a request
+	// for a device never seen answers 503 at once instead of waiting Grace.
+	Known func(device string) bool
+	// Changes returns a channel closed at the next change of this relay's
+	// agents or of the fleet state, to wait on. Required.
+	Changes func() <-chan struct{}
+	// Grace is how long a request for a device with no agent anywhere
+	// waits for one to connect, here or at another relay.
+	Grace time.Duration
 	// OnForward, if set, is told of each forward's outcome (for metrics).
 	OnForward func(relayID string, err error)
 	Logger    *slog.Logger
@@ -84,7 +94,15 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
 		t, ok := f.Holders(device, exclude)
 		if !ok || t.Self || t.Address == "" {
-			return f.Local.RoundTrip(req)
+			if !f.Known(device) {
+				return nil, broker.NoAgentError(device)
+			}
+			if t, ok = f.await(req.Context(), device, exclude); !ok {
+				return nil, broker.NoAgentError(device)
+			}
+			if t.Self {
+				return f.Local.RoundTrip(req)
+			}
 		}
 		resp, err := f.forward(req, device, t)
 		if f.OnForward != nil {
@@ -96,6 +114,29 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 		// The holder is gone: veto it and ask the ranking again.
 		f.Veto(t.ID, err)
 		exclude = t.ID
+	}
+}
+
+// await waits, up to Grace, for the device to get an agent here (Self) or
+// to be found at another relay.
+func (f *Fleet) await(ctx context.Context, device, exclude string) (fleet.Target, bool) {
+	timer := time.NewTimer(f.Grace)
+	defer timer.Stop()
+	for {
+		changed := f.Changes()
+		if f.HasAgent(device) {
+			return fleet.Target{Self: true}, true
+		}
+		if t, ok := f.Holders(device, exclude); ok && !t.Self && t.Address != "" {
+			return t, true
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return fleet.Target{}, false
+		case <-ctx.Done():
+			return fleet.Target{}, false
+		}
 	}
 }
 
