@@ -36,6 +36,10 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 	}
 	d.agents[instance] = now
 	b.pollStartedLocked(instance, d.lastPoll)
+	if d.release == nil {
+		d.release = make(chan struct{})
+	}
+	release := d.release
 	b.mu.Unlock()
 	if attached && b.cfg.OnAttach != nil {
 		b.cfg.OnAttach(device)
@@ -62,6 +66,8 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 			}
 			// The user gave up before any agent took it; look for the next one.
 		case <-timer.C:
+			return nil, ErrPollTimeout
+		case <-release:
 			return nil, ErrPollTimeout
 		case <-b.drainCh:
 			return nil, ErrDraining

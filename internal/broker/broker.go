@@ -44,6 +44,7 @@ type device struct {
 	waiting  int                  // polls waiting right now
 	lastPoll time.Time            // when a poll last started or ended
 	agents   map[string]time.Time // agent instance ("" if unnamed) → its last poll
+	release  chan struct{}        // closed to end the polls waiting now; nil until needed
 }
 
 // New returns a running broker. Call Close to stop it.
@@ -236,15 +237,48 @@ func (b *Broker) CancelDevice(device string, err error) int {
 			doomed = append(doomed, ex)
 		}
 	}
-	if d := b.devices[device]; d != nil {
-		d.agents = nil
-		d.lastPoll = time.Time{}
-	}
+	b.forgetLocked(device)
 	b.mu.Unlock()
 	for _, ex := range doomed {
 		ex.fail(err)
 	}
 	return len(doomed)
+}
+
+// ForgetDevice ends the polls waiting for device (answered 408, so that
+// their agents poll again at once, wherever they are routed now) and
+// forgets its agents, so that it counts as detached here. Requests in
+// flight run on. For a device that moved to another relay.
+func (b *Broker) ForgetDevice(device string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.forgetLocked(device)
+}
+
+func (b *Broker) forgetLocked(device string) {
+	d := b.devices[device]
+	if d == nil {
+		return
+	}
+	d.agents = nil
+	d.lastPoll = time.Time{}
+	if d.release != nil {
+		close(d.release)
+		d.release = nil
+	}
+	// Requests no agent took yet go back to their routers, which send them
+	// where the device is now.
+	for {
+		select {
+		case ex := <-d.queue:
+			if ex.expire() {
+				ex.fail(movedError(device))
+			}
+			continue
+		default:
+		}
+		break
+	}
 }
 
 // HasAgent reports whether device has a long-poll agent now: a poll waiting,

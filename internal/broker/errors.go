@@ -13,7 +13,11 @@ type Error struct {
 	Message    string        // a sentence a person can act on
 	RetryAfter time.Duration // when > 0, sent as Retry-After
 	Err        error         // the cause, if any; matched by errors.Is
+	pickup     bool          // queued, but no agent took it: matches ErrPickup
 }
+
+// Is makes a pickup failure match ErrPickup as well as ErrNoAgent.
+func (e *Error) Is(target error) bool { return target == ErrPickup && e.pickup }
 
 func (e *Error) Error() string { return e.Message }
 func (e *Error) Unwrap() error { return e.Err }
@@ -35,6 +39,9 @@ var (
 	ErrStreamClosed = errors.New("user stream closed")
 	// ErrNoAgent: the device has no agent connected (503).
 	ErrNoAgent = errors.New("no agent connected")
+	// ErrPickup: the request was queued (its body read) but no agent took
+	// it in time (503); it also matches ErrNoAgent.
+	ErrPickup = errors.New("no agent picked up the request")
 	// ErrTimeout: the agent did not answer in time (504).
 	ErrTimeout = errors.New("agent did not answer in time")
 )
@@ -47,8 +54,15 @@ func noAgentError(device string) error {
 		Message: fmt.Sprintf("device %q has no agent connected to this relay; start its agent or check its logs", device)}
 }
 
-func pickupError(device string, waited time.Duration) error {
+// movedError hands a request no agent took back to its router: the device
+// moved to another relay. It matches ErrNoAgent, not ErrPickup.
+func movedError(device string) error {
 	return &Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: time.Second,
+		Message: fmt.Sprintf("device %q moved to another relay before its agent took the request", device)}
+}
+
+func pickupError(device string, waited time.Duration) error {
+	return &Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: time.Second, pickup: true,
 		Message: fmt.Sprintf("no agent for device %q picked up the request within %v", device, waited.Round(time.Millisecond))}
 }
 

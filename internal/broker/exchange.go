@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -115,6 +116,11 @@ func (ex *Exchange) finish() {
 // Errors that users should see as a status are *Error values.
 func (b *Broker) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
+	if !b.Remembers(device) {
+		// Before the body is read, so that a router may send it elsewhere.
+		b.metrics.outcome(noAgentError(device))
+		return nil, noAgentError(device)
+	}
 	body, err := b.readBody(req)
 	if err != nil {
 		return nil, err
@@ -122,12 +128,14 @@ func (b *Broker) RoundTrip(req *http.Request) (*http.Response, error) {
 	ex, d, err := b.enqueue(req, device, body)
 	if err != nil {
 		b.metrics.outcome(err)
+		restoreBody(req, body, err)
 		return nil, err
 	}
 	first, err := b.awaitFirst(ex, d)
 	if err != nil {
 		ex.finish()
 		b.metrics.outcome(err)
+		restoreBody(req, body, err)
 		return nil, err
 	}
 	resp, err := b.newResponse(req, ex, first)
@@ -138,6 +146,17 @@ func (b *Broker) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	b.metrics.outcome(nil)
 	return resp, nil
+}
+
+// restoreBody gives req its body back when err says that no agent took the
+// request, so that a router can send it elsewhere.
+func restoreBody(req *http.Request, body []byte, err error) {
+	if !errors.Is(err, ErrNoAgent) || errors.Is(err, ErrPickup) {
+		return
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.ContentLength = int64(len(body))
 }
 
 func (b *Broker) readBody(req *http.Request) ([]byte, error) {

@@ -21,7 +21,10 @@ type cancelMsg struct {
 	Device  string `json:"device"`
 	RelayID string `json:"relay_id,omitempty"`
 	Reason  string `json:"reason"`
-	By      string `json:"by"`
+	// Moved marks a split-affinity drop: the device moved to another
+	// relay; requests in flight here may finish.
+	Moved bool   `json:"moved,omitempty"`
+	By    string `json:"by"`
 }
 
 // subscribeCancels delivers cancel requests meant for this relay to
@@ -37,7 +40,7 @@ func (m *Member) subscribeCancels() (*nats.Subscription, error) {
 			return
 		}
 		m.log.Info("dropping a device's sessions", "device", c.Device, "reason", c.Reason, "by", c.By)
-		m.cfg.OnCancel(c.Device, c.Reason)
+		m.cfg.OnCancel(c.Device, c.Reason, c.Moved)
 	})
 }
 

@@ -67,8 +67,10 @@ type Config struct {
 	// directory this member mirrors. Optional; it must not block.
 	OnChange func()
 	// OnCancel is called when the fleet asks this relay to drop every
-	// session of a device (CancelDevice). Optional; it must not block long.
-	OnCancel func(device, reason string)
+	// session of a device: an operator's CancelDevice (moved false), or
+	// another relay that took the device (moved true: requests in flight
+	// may finish). Optional; it must not block long.
+	OnCancel func(device, reason string, moved bool)
 	// Logger receives transitions; nil discards.
 	Logger *slog.Logger
 }
@@ -103,7 +105,7 @@ func (c *Config) Complete() {
 		c.OnChange = func() {}
 	}
 	if c.OnCancel == nil {
-		c.OnCancel = func(string, string) {}
+		c.OnCancel = func(string, string, bool) {}
 	}
 }
 

@@ -311,7 +311,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 			// message usually did already.
 			if !m.movedAway[dev] {
 				m.movedAway[dev] = true
-				m.cfg.OnCancel(dev, "the device moved to relay "+entry.RelayID)
+				m.cfg.OnCancel(dev, "the device moved to relay "+entry.RelayID, true)
 			}
 			continue
 		}
@@ -355,7 +355,7 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence) error {
 			Message: fmt.Sprintf("device %s moved from relay %s to relay %s", dev, res.from, m.cfg.RelayID)})
 		// Split affinity: the old holder drops what it still has of the
 		// device, so that its agents reconnect and land here.
-		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID})
+		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID, Moved: true})
 	case res.isNew:
 		m.Record(Event{Type: EventDeviceAttached, Device: dev, RelayID: m.cfg.RelayID,
 			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, p.Agents, p.Protocol)})

@@ -212,8 +212,17 @@ func TestRefusedHolderIsVetoedAtOnce(t *testing.T) {
 	relays = holderLast(t, relays, "dev")
 	user := FleetToken(t, relays, auth.KindUser, "u", "dev")
 	b := newBackend(t, "b1")
-	StartAgent(t, relays[2], "dev", b.URL, relays[2].Token(t, auth.KindAgent, "", "dev"))
+	ag := StartAgent(t, relays[2], "dev", b.URL, relays[2].Token(t, auth.KindAgent, "", "dev"))
 	waitHolder(t, relays, "dev", relays[2])
+	// The agent goes; the device stays recorded on its relay, which then
+	// dies: nothing but a refused connection tells the others.
+	ag.Stop()
+	Eventually(t, 5*time.Second, func() error {
+		if d, err := relays[0].Node.Fleet().Device("dev"); err != nil || d.Agents != 0 {
+			return errors.New("not detached yet")
+		}
+		return nil
+	})
 	dead := relays[2].Node.Fleet().ID()
 	relays[2].Node.Fleet().Abandon()
 	relays[2].Node.Close()
@@ -294,10 +303,13 @@ func TestAgentFailsOverWhenItsRelayDies(t *testing.T) {
 		return nil
 	})
 	t.Logf("first success %s after the kill", took)
-	d, err := others[1].Node.Fleet().Device("dev")
-	if err != nil || d.RelayID == dead || d.Agents == 0 {
-		t.Errorf("directory after the failover: %+v, %v", d, err)
-	}
+	Eventually(t, 5*time.Second, func() error {
+		d, err := others[1].Node.Fleet().Device("dev")
+		if err == nil && (d.RelayID == dead || d.Agents == 0) {
+			err = fmt.Errorf("directory after the failover: %+v", d.DeviceStatus)
+		}
+		return err
+	})
 }
 
 // TestSplitAffinityDropsTheOldHolder attaches a second agent of a device to

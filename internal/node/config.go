@@ -64,6 +64,9 @@ type Config struct {
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration
+	// DrainSpread is the window over which a drained relay asks its native
+	// agents to move, so that the other relays are not stormed. Default 5 s.
+	DrainSpread time.Duration
 	// Version is reported in metrics and logs.
 	Version string
 	// Logger receives the node's logs; nil discards them.
@@ -95,6 +98,9 @@ func (c *Config) Complete() {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 25 * time.Second
+	}
+	if c.DrainSpread <= 0 {
+		c.DrainSpread = 5 * time.Second
 	}
 	if c.Version == "" {
 		c.Version = "dev"

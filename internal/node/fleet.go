@@ -60,6 +60,7 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.Logger = n.log
 	fc.OnCancel = n.cancelDevice
 	fc.OnChange = n.changes.signal
+	fc.OnShouldDrain = n.onShouldDrain
 	n.healthy.Store(true)
 	if n.member, err = fleet.Open(ctx, n.store, fc); err != nil {
 		return fmt.Errorf("join the fleet state: %w", err)
@@ -99,13 +100,34 @@ func (n *Node) NATSURL() string { return n.store.ClientURL() }
 // Config returns the node's completed configuration.
 func (n *Node) Config() Config { return n.cfg }
 
-// cancelDevice drops every session of device on this relay: its tunnels and
-// the requests in flight through its long-poll agents.
-func (n *Node) cancelDevice(device, reason string) {
+// cancelDevice drops the sessions of device on this relay. An operator's
+// cancel cuts everything, requests in flight included. A device that moved
+// to another relay (split affinity) loses its tunnels that still take
+// requests and its waiting polls, so that its agents reconnect and land on
+// the new holder; requests in flight finish.
+func (n *Node) cancelDevice(device, reason string, moved bool) {
 	tunnels := n.tunnels.CloseDevice(device)
-	requests := n.broker.CancelDevice(device, fmt.Errorf("the sessions of device %q were cancelled: %s", device, reason))
+	requests := 0
+	if moved {
+		n.broker.ForgetDevice(device)
+	} else {
+		requests = n.broker.CancelDevice(device, fmt.Errorf("the sessions of device %q were cancelled: %s", device, reason))
+	}
 	if tunnels > 0 || requests > 0 {
 		n.log.Info("device sessions dropped", "device", device, "tunnels", tunnels, "requests", requests, "reason", reason)
 	}
 	n.member.Changed()
+}
+
+// onShouldDrain reacts to an operator's drain of this relay: its native
+// agents are asked to go, spread over DrainSpread, and are placed on other
+// relays as they reconnect; streams in flight finish first. Long-poll
+// agents move by themselves: their next polls go to the device's new
+// holder. An undrain moves nothing back.
+func (n *Node) onShouldDrain(draining bool) {
+	if !draining {
+		return
+	}
+	k := n.tunnels.DrainSessions(n.cfg.DrainSpread)
+	n.log.Info("moving this relay's native agents to other relays", "tunnels", k, "spread", n.cfg.DrainSpread)
 }

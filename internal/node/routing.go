@@ -101,8 +101,8 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr.Holders = func(device, exclude string) (fleet.Target, bool) {
 		return n.member.Route(device, n.cfg.Region, n.watchdog.Vetoed, exclude)
 	}
-	fr.HasAgent = func(device string) bool { return n.tunnels.Has(device) || n.broker.HasAgent(device) }
-	fr.Forwarded = func(ctx context.Context) bool { return relay.ForwardedFrom(ctx) != "" }
+	fr.HasAgent = func(device string) bool { return n.tunnels.Ready(device) || n.broker.HasAgent(device) }
+	fr.Hops = relay.Hops
 	fr.Signer = n.signer
 	fr.Changes = n.changes.next
 	fr.Known = func(device string) bool { return n.member.Known(device) || n.broker.Remembers(device) }
@@ -150,7 +150,8 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 	for _, t := range n.member.Ranked(device, n.cfg.Region, n.watchdog.Vetoed) {
 		p.Relays = append(p.Relays, tunnel.RelayAddr{ID: t.ID, URL: t.Address})
 	}
-	if r.Header.Get(tunnel.RedirectedHeader) != "" {
+	draining := n.member.ShouldDrain() || n.stopping.Load()
+	if r.Header.Get(tunnel.RedirectedHeader) != "" && !draining {
 		return p
 	}
 	t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, r.Header.Get(tunnel.UnreachableHeader))

@@ -25,6 +25,9 @@ import (
 // Header carries the signature of a forwarded request.
 const Header = "X-Switchboard-Peer"
 
+// HopsHeader counts, on a forwarded request, the relays it passed through.
+const HopsHeader = "X-Switchboard-Hops"
+
 // MaxSkew is how far a signature's time may be from the receiver's clock.
 const MaxSkew = time.Minute
 

@@ -95,7 +95,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if from != "" {
-		r = r.WithContext(context.WithValue(r.Context(), forwardedKey{}, from))
+		hops, _ := strconv.Atoi(r.Header.Get(peer.HopsHeader))
+		r = r.WithContext(context.WithValue(r.Context(), forwardedKey{}, forwarded{from: from, hops: max(hops, 1)}))
 	} else if h.cfg.AuthorizeUser != nil {
 		if err := h.cfg.AuthorizeUser(r, t.Device); err != nil {
 			writeError(w, err)
@@ -109,11 +110,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 type forwardedKey struct{}
 
+type forwarded struct {
+	from string
+	hops int
+}
+
 // ForwardedFrom returns the id of the relay that forwarded the request of
 // ctx, or "" when a user sent it here directly.
 func ForwardedFrom(ctx context.Context) string {
-	id, _ := ctx.Value(forwardedKey{}).(string)
-	return id
+	f, _ := ctx.Value(forwardedKey{}).(forwarded)
+	return f.from
+}
+
+// Hops returns how often the request of ctx was forwarded between relays
+// to get here, and by which relay last; 0 and "" when a user sent it here.
+func Hops(ctx context.Context) (int, string) {
+	f, _ := ctx.Value(forwardedKey{}).(forwarded)
+	return f.hops, f.from
 }
 
 // verifyPeer checks a forwarded request's signature and removes it, so
@@ -124,6 +137,7 @@ func (h *Handler) verifyPeer(r *http.Request, device string) (string, error) {
 		return "", nil
 	}
 	defer r.Header.Del(peer.Header)
+	defer r.Header.Del(peer.HopsHeader)
 	if h.cfg.VerifyPeer == nil {
 		return "", errors.New("this relay accepts no forwarded requests")
 	}

@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // Holders finds the relay that should serve a device, leaving out exclude.
@@ -31,10 +33,10 @@ type Fleet struct {
 	Holders Holders
 	// HasAgent reports whether this relay has an agent for the device now.
 	HasAgent func(device string) bool
-	// Forwarded reports whether the request came from another relay: it is
-	// served here, never forwarded again.
-	Forwarded func(ctx context.Context) bool
-	Signer    *peer.Signer
+	// Hops reports how often the request was forwarded to get here (0 when
+	// a user sent it here) and by which relay.
+	Hops   func(ctx context.Context) (hops int, from string)
+	Signer *peer.Signer
 	// Veto takes a relay out of routing after a connection to it failed.
 	Veto func(relayID string, err error)
 	// Known reports whether the device had an agent in the fleet: a request
@@ -83,43 +85,61 @@ func (f *Fleet) Close() {
 	f.h1.CloseIdleConnections()
 }
 
+// MaxHops bounds how often a request is forwarded between relays: once to
+// the holder, and once more when the device moved away from that holder
+// while the request was on its way.
+const MaxHops = 2
+
 // RoundTrip implements http.RoundTripper for requests whose URL host is the
 // device name.
 func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
-	if f.Forwarded(req.Context()) || f.HasAgent(device) {
-		return f.Local.RoundTrip(req)
-	}
+	hops, _ := f.Hops(req.Context())
 	exclude := ""
-	for attempt := 0; ; attempt++ {
+	for attempt := 0; attempt < 4; attempt++ {
+		if f.HasAgent(device) {
+			resp, err := f.Local.RoundTrip(req)
+			if !undispatched(err) {
+				return resp, err
+			}
+			// The agent left between the check and the dispatch, and
+			// nothing was sent: look again, here and in the fleet.
+		}
 		t, ok := f.Holders(device, exclude)
-		if !ok || t.Self || t.Address == "" {
+		if !ok || t.Self || t.Address == "" || hops >= MaxHops {
 			if !f.Known(device) {
 				return nil, broker.NoAgentError(device)
 			}
-			if t, ok = f.await(req.Context(), device, exclude); !ok {
+			if t, ok = f.await(req.Context(), device, exclude, hops); !ok {
 				return nil, broker.NoAgentError(device)
 			}
 			if t.Self {
-				return f.Local.RoundTrip(req)
+				continue
 			}
 		}
-		resp, err := f.forward(req, device, t)
+		resp, err := f.forward(req, device, t, hops+1)
 		if f.OnForward != nil {
 			f.OnForward(t.ID, err)
 		}
-		if err == nil || !unreachable(err) || attempt > 0 || !replayable(req) {
+		if err == nil || !unreachable(err) || !replayable(req) {
 			return resp, err
 		}
 		// The holder is gone: veto it and ask the ranking again.
 		f.Veto(t.ID, err)
 		exclude = t.ID
 	}
+	return nil, broker.NoAgentError(device)
+}
+
+// undispatched reports whether err means that no agent was there to take
+// the request and nothing of it was sent.
+func undispatched(err error) bool {
+	return errors.Is(err, tunnel.ErrNoSession) || errors.Is(err, broker.ErrNoAgent) && !errors.Is(err, broker.ErrPickup)
 }
 
 // await waits, up to Grace, for the device to get an agent here (Self) or
-// to be found at another relay.
-func (f *Fleet) await(ctx context.Context, device, exclude string) (fleet.Target, bool) {
+// to be found at another relay that the request may still go to.
+func (f *Fleet) await(ctx context.Context, device, exclude string, hops int) (fleet.Target, bool) {
 	timer := time.NewTimer(f.Grace)
 	defer timer.Stop()
 	for {
@@ -127,7 +147,7 @@ func (f *Fleet) await(ctx context.Context, device, exclude string) (fleet.Target
 		if f.HasAgent(device) {
 			return fleet.Target{Self: true}, true
 		}
-		if t, ok := f.Holders(device, exclude); ok && !t.Self && t.Address != "" {
+		if t, ok := f.Holders(device, exclude); ok && !t.Self && t.Address != "" && hops < MaxHops {
 			return t, true
 		}
 		select {
@@ -140,8 +160,9 @@ func (f *Fleet) await(ctx context.Context, device, exclude string) (fleet.Target
 	}
 }
 
-// forward sends req to the relay t as /client/<device>/<path>.
-func (f *Fleet) forward(req *http.Request, device string, t fleet.Target) (*http.Response, error) {
+// forward sends req to the relay t as /client/<device>/<path>, as its
+// hops-th hop.
+func (f *Fleet) forward(req *http.Request, device string, t fleet.Target, hops int) (*http.Response, error) {
 	base, err := url.Parse(t.Address)
 	if err != nil {
 		return nil, fmt.Errorf("relay %s advertises %q: %w", t.ID, t.Address, err)
@@ -159,6 +180,7 @@ func (f *Fleet) forward(req *http.Request, device string, t fleet.Target) (*http
 	out.Host = req.Host
 	out.RequestURI = ""
 	f.Signer.Sign(out.Header, device)
+	out.Header.Set(peer.HopsHeader, strconv.Itoa(hops))
 	tr := f.h2
 	if out.Header.Get("Upgrade") != "" || base.Scheme == "https" {
 		tr = f.h1

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
@@ -48,6 +49,7 @@ type Session struct {
 	Instance string // the agent process's id
 	cc       *http2.ClientConn
 	inflight atomic.Int64
+	draining atomic.Bool // asked to finish its streams and go (GOAWAY)
 	pool     *Pool
 	done     chan struct{} // closed when the connection has died
 }
@@ -161,7 +163,7 @@ func (p *Pool) pick(device string, skip map[*Session]bool) *Session {
 	var best *Session
 	for i := range list {
 		s := list[(p.turn+i)%len(list)]
-		if skip[s] || !s.cc.CanTakeNewRequest() {
+		if skip[s] || s.draining.Load() || !s.cc.CanTakeNewRequest() {
 			continue
 		}
 		if best == nil || s.inflight.Load() < best.inflight.Load() {
@@ -190,15 +192,62 @@ func (p *Pool) Devices() []string {
 }
 
 // CloseDevice closes every session of device, cutting its streams; its
-// agents reconnect. It returns how many it closed.
+// agents reconnect. Sessions already draining are left to finish. It
+// returns how many it closed.
 func (p *Pool) CloseDevice(device string) int {
 	p.mu.Lock()
 	list := slices.Clone(p.devices[device])
 	p.mu.Unlock()
+	n := 0
 	for _, s := range list {
-		s.Close()
+		if !s.draining.Load() {
+			s.Close()
+			n++
+		}
 	}
-	return len(list)
+	return n
+}
+
+// Ready reports whether device has a session that takes new requests.
+func (p *Pool) Ready(device string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.devices[device] {
+		if !s.draining.Load() && s.cc.CanTakeNewRequest() {
+			return true
+		}
+	}
+	return false
+}
+
+// DrainSessions asks every session to finish its streams and go (HTTP/2
+// GOAWAY), each at a random moment within window, so that the agents
+// reconnect elsewhere spread out rather than all at once. It returns at
+// once; sessions that join later are not drained.
+func (p *Pool) DrainSessions(window time.Duration) int {
+	p.mu.Lock()
+	var all []*Session
+	for _, l := range p.devices {
+		all = append(all, l...)
+	}
+	p.mu.Unlock()
+	for _, s := range all {
+		delay := time.Duration(0)
+		if window > 0 {
+			delay = rand.N(window)
+		}
+		time.AfterFunc(delay, func() { s.drain() })
+	}
+	return len(all)
+}
+
+// drain sends the session's agent a GOAWAY: streams in flight finish, then
+// the connection closes.
+func (s *Session) drain() {
+	if s.draining.Swap(true) {
+		return
+	}
+	go s.cc.Shutdown(context.Background()) // ends when the streams do, or the connection dies
 }
 
 // Connects returns how many sessions were ever added.
@@ -251,6 +300,7 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 	errs := make([]error, len(all))
 	var wg sync.WaitGroup
 	for i, s := range all {
+		s.draining.Store(true)
 		wg.Go(func() { errs[i] = s.cc.Shutdown(ctx) })
 	}
 	wg.Wait()
