@@ -69,6 +69,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.Handle("GET "+PathTokens, h.admin(h.listTokens))
 	mux.Handle("DELETE "+PathTokens+"/{id}", h.admin(h.revokeToken))
 	h.routeFleet(mux)
+	h.routeAdmin(mux)
 	return mux
 }
 
