@@ -34,21 +34,30 @@ const (
 const ctlUsage = `usage: switchboard ctl [--admin URL] [--token-file PATH] [-o table|json] <command>
 
 commands:
+  relays list           list the relays of the fleet, fresh or not
+  relays drain ID       stop a relay taking new devices; its agents move as they reconnect
+  relays undrain ID     let a drained relay take devices again
+  devices list          list the devices in the directory and the relays holding them
+  devices show NAME     show one device and its relay
   tokens create --device NAME [--device NAME...] [--name TEXT]
                         create an agent token that may serve these devices
   tokens create --user NAME [--device NAME...]
                         create a user token (no --device: every device)
   tokens list           list tokens (never their secrets)
   tokens revoke ID      revoke a token on every relay
+  events [--limit N] [--follow]
+                        show the fleet's last events; --follow prints new ones until Ctrl-C
+  status                summarise the fleet as the relay at --admin sees it
 
 --device takes names or globs such as robot-*, repeated or comma-separated.
-The global flags may also follow the command.
+The global flags may also follow the command. -o json output is stable; see
+docs/cli-json.md.
 
 flags:
 `
 
 // ctlCommands are the ctl commands this build has.
-const ctlCommands = "tokens"
+const ctlCommands = "relays, devices, tokens, events, status"
 
 // ctlGlobals are the flags every ctl command takes.
 type ctlGlobals struct {
@@ -126,9 +135,17 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErrorf("ctl: no command given; available: %s", ctlCommands)
 	}
 	switch rest[0] {
+	case "relays":
+		return runRelays(ctx, g, rest[1:], stdout, stderr)
+	case "devices":
+		return runDevices(ctx, g, rest[1:], stdout, stderr)
 	case "tokens":
 		return runTokens(ctx, g, rest[1:], stdout, stderr)
-	case "relays", "devices", "events", "roll", "status":
+	case "events":
+		return runEvents(ctx, g, rest[1:], stdout, stderr)
+	case "status":
+		return runStatus(ctx, g, rest[1:], stdout, stderr)
+	case "roll":
 		return usageErrorf("ctl %s: not available in this build yet; available: %s", rest[0], ctlCommands)
 	default:
 		return usageErrorf("ctl: unknown command %q; available: %s", rest[0], ctlCommands)
