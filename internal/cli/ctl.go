@@ -39,6 +39,7 @@ commands:
   relays undrain ID     let a drained relay take devices again
   devices list          list the devices in the directory and the relays holding them
   devices show NAME     show one device and its relay
+  devices cancel NAME   drop every session of a device on every relay; its agents reconnect
   tokens create --device NAME [--device NAME...] [--name TEXT]
                         create an agent token that may serve these devices
   tokens create --user NAME [--device NAME...]

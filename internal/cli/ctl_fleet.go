@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
@@ -164,7 +165,7 @@ func relaysDrain(ctx context.Context, g *ctlGlobals, args []string, draining boo
 
 func runDevices(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageErrorf("ctl devices: no command given; use list or show")
+		return usageErrorf("ctl devices: no command given; use list, show or cancel")
 	}
 	switch args[0] {
 	case "list":
@@ -172,9 +173,9 @@ func runDevices(ctx context.Context, g *ctlGlobals, args []string, stdout, stder
 	case "show":
 		return devicesShow(ctx, g, args[1:], stdout, stderr)
 	case "cancel":
-		return usageErrorf("ctl devices cancel: not available in this build yet; use list or show")
+		return devicesCancel(ctx, g, args[1:], stdout, stderr)
 	default:
-		return usageErrorf("ctl devices: unknown command %q; use list or show", args[0])
+		return usageErrorf("ctl devices: unknown command %q; use list, show or cancel", args[0])
 	}
 }
 
@@ -233,6 +234,34 @@ func devicesShow(ctx context.Context, g *ctlGlobals, args []string, stdout, stde
 		return writeJSON(stdout, link)
 	}
 	return writeDeviceLink(stdout, link, time.Now())
+}
+
+func devicesCancel(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("ctl devices cancel", stderr)
+	g.register(fs)
+	names, err := parseWithArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(names) != 1 {
+		return usageErrorf("ctl devices cancel: give exactly one device name (see '%s'), got %d", listDevicesCmd, len(names))
+	}
+	if err := auth.ValidateDeviceName(names[0]); err != nil {
+		return usageErrorf("ctl devices cancel: %v", err)
+	}
+	c, err := g.connect()
+	if err != nil {
+		return err
+	}
+	ans, err := c.CancelDevice(ctx, names[0])
+	if err != nil {
+		return fmt.Errorf("ctl devices cancel: %w", g.explain(err))
+	}
+	if g.output == outputJSON {
+		return writeJSON(stdout, ans)
+	}
+	fmt.Fprintf(stdout, "dropped every session of device %s on every relay; its agents reconnect\n", ans.Device)
+	return nil
 }
 
 // writeDeviceLink writes a device and the relay that holds it as a block of

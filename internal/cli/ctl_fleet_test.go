@@ -44,10 +44,11 @@ func TestCtlFleetArgumentErrors(t *testing.T) {
 		{[]string{"relays", "drain", "rl-00000001", "rl-00000002"}, "ctl relays drain: give exactly one relay ID (see 'switchboard ctl relays list'), got 2"},
 		{[]string{"relays", "drain", "relay-2"}, `ctl relays drain: "relay-2" is not a relay ID, which looks like rl-<8 hex digits>; see 'switchboard ctl relays list'`},
 		{[]string{"relays", "undrain", "RL-0000ABCD"}, `ctl relays undrain: "RL-0000ABCD" is not a relay ID, which looks like rl-<8 hex digits>; see 'switchboard ctl relays list'`},
-		{[]string{"devices"}, "ctl devices: no command given; use list or show"},
-		{[]string{"devices", "remove", "robot-1"}, `ctl devices: unknown command "remove"; use list or show`},
+		{[]string{"devices"}, "ctl devices: no command given; use list, show or cancel"},
+		{[]string{"devices", "remove", "robot-1"}, `ctl devices: unknown command "remove"; use list, show or cancel`},
 		{[]string{"devices", "show"}, "ctl devices show: give exactly one device name (see 'switchboard ctl devices list'), got 0"},
-		{[]string{"devices", "cancel", "robot-1"}, "ctl devices cancel: not available in this build yet; use list or show"},
+		{[]string{"devices", "cancel"}, "ctl devices cancel: give exactly one device name (see 'switchboard ctl devices list'), got 0"},
+		{[]string{"devices", "cancel", "bad/name"}, `ctl devices cancel: invalid device name "bad/name": only letters, digits, '.', '_' and '-' are allowed`},
 		{[]string{"events", "--limit", "0"}, "ctl events: --limit 0: give a number from 1 to 1000"},
 		{[]string{"events", "--limit", "1001", "--follow"}, "ctl events: --limit 1001: give a number from 1 to 1000"},
 		{[]string{"events", "--limit", "many"}, `invalid value "many" for flag -limit: parse error`},
@@ -160,6 +161,8 @@ func (f *fakeFleet) FollowEvents(ctx context.Context, fn func(fleet.Event) error
 		}
 	}
 }
+
+func (f *fakeFleet) CancelDevice(context.Context, string, string) error { return nil }
 
 func (f *fakeFleet) Status() fleet.Status {
 	return fleet.Status{RelayID: "rl-0000000a", NATSConnected: true, LeaseHeld: true, Relays: 2, FreshRelays: 1, DrainingRelays: 1, Devices: 3, OnlineDevices: 2}

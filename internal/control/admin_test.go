@@ -101,6 +101,8 @@ func (f *fakeFleet) FollowEvents(ctx context.Context, _ func(fleet.Event) error)
 	return ctx.Err()
 }
 
+func (f *fakeFleet) CancelDevice(context.Context, string, string) error { return nil }
+
 func (f *fakeFleet) Status() fleet.Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()

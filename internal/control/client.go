@@ -169,6 +169,14 @@ func (c *Client) Device(ctx context.Context, name string) (fleet.DeviceLink, err
 	return out, err
 }
 
+// CancelDevice drops every session of the named device on every relay; its
+// agents reconnect.
+func (c *Client) CancelDevice(ctx context.Context, name string) (CancelAnswer, error) {
+	var out CancelAnswer
+	err := c.do(ctx, http.MethodPost, PathDevices+"/"+url.PathEscape(name)+"/cancel", nil, http.StatusOK, &out)
+	return out, err
+}
+
 // Events returns the last limit events, oldest first.
 func (c *Client) Events(ctx context.Context, limit int) ([]fleet.Event, error) {
 	var out []fleet.Event

@@ -15,7 +15,7 @@ import (
 // Paths of the fleet part of the operator API.
 const (
 	PathRelays  = "/api/v1/relays"  // GET; /{id}; POST /{id}/drain, /{id}/undrain
-	PathDevices = "/api/v1/devices" // GET; /{name}
+	PathDevices = "/api/v1/devices" // GET; /{name}; POST /{name}/cancel
 	PathEvents  = "/api/v1/events"  // GET ?limit=N; ?follow=1 streams NDJSON
 	PathStatus  = "/api/v1/status"  // GET
 )
@@ -34,6 +34,13 @@ type Fleet interface {
 	Events(ctx context.Context, n int) ([]fleet.Event, error)
 	FollowEvents(ctx context.Context, fn func(fleet.Event) error) error
 	Status() fleet.Status
+	CancelDevice(ctx context.Context, device, reason string) error
+}
+
+// CancelAnswer answers POST /api/v1/devices/{name}/cancel.
+type CancelAnswer struct {
+	Device    string `json:"device"`
+	Cancelled bool   `json:"cancelled"`
 }
 
 // UserDevice is a device as a user token sees it: its name, state and
@@ -57,6 +64,7 @@ func (h *handler) routeFleet(mux *http.ServeMux) {
 	mux.Handle("POST "+PathRelays+"/{id}/undrain", h.admin(h.fleetOnly(h.drainRelay(false))))
 	mux.Handle("GET "+PathDevices, h.adminOrUser(h.fleetOnlyP(h.listDevices)))
 	mux.Handle("GET "+PathDevices+"/{name}", h.adminOrUser(h.fleetOnlyP(h.showDevice)))
+	mux.Handle("POST "+PathDevices+"/{name}/cancel", h.admin(h.fleetOnly(h.cancelDevice)))
 	mux.Handle("GET "+PathEvents, h.admin(h.fleetOnly(h.listEvents)))
 	mux.Handle("GET "+PathStatus, h.admin(h.fleetOnly(h.status)))
 }
@@ -134,6 +142,19 @@ func (h *handler) showDevice(w http.ResponseWriter, r *http.Request, p auth.Prin
 		return
 	}
 	writeJSON(w, http.StatusOK, UserDevice{Name: link.Name, State: link.State, Fresh: link.Fresh})
+}
+
+func (h *handler) cancelDevice(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := auth.ValidateDeviceName(name); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err := h.cfg.Fleet.CancelDevice(r.Context(), name, "cancelled by an operator"); err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, CancelAnswer{Device: name, Cancelled: true})
 }
 
 func (h *handler) listEvents(w http.ResponseWriter, r *http.Request) {
