@@ -4,7 +4,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
@@ -32,6 +34,7 @@ type walker struct {
 	redirect    *candidate  // a redirect to follow next
 	redirects   int         // redirects followed in a row
 	unreachable string      // the relay id to report as lost
+	lostAt      time.Time   // when the last tunnel ended; zero while connected
 }
 
 // candidate is a relay to dial.
@@ -45,6 +48,9 @@ func newWalker(entries []*url.URL) *walker { return &walker{entries: entries} }
 // target returns the relay to dial next and the headers to send with it.
 func (w *walker) target() (candidate, http.Header) {
 	h := http.Header{}
+	if !w.lostAt.IsZero() {
+		h.Set(tunnel.LostHeader, strconv.FormatInt(time.Since(w.lostAt).Milliseconds(), 10))
+	}
 	if w.redirect != nil {
 		h.Set(tunnel.RedirectedHeader, "1")
 		return *w.redirect, h
@@ -98,11 +104,13 @@ func (w *walker) connected(c candidate, p tunnel.Placed) {
 		w.learned = p.Relays
 	}
 	w.queue, w.redirect, w.redirects, w.unreachable = nil, nil, 0, ""
+	w.lostAt = time.Time{}
 }
 
 // lost records the end of the tunnel. silent says the relay stopped
 // answering (rather than closing the connection).
 func (w *walker) lost(silent bool) {
+	w.lostAt = time.Now()
 	if silent {
 		w.unreachable = w.current.ID
 		w.queue = w.others(w.current.ID)

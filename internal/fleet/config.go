@@ -66,6 +66,10 @@ type Config struct {
 	// OnChange is called after each change to the relay set or the device
 	// directory this member mirrors. Optional; it must not block.
 	OnChange func()
+	// OnMove is told of each device that moved to this relay: from where,
+	// and how long since its agent lost the previous relay (0 when the
+	// agent did not say). Optional; it must not block.
+	OnMove func(device, from string, took time.Duration)
 	// OnCancel is called when the fleet asks this relay to drop every
 	// session of a device: an operator's CancelDevice (moved false), or
 	// another relay that took the device (moved true: requests in flight
@@ -103,6 +107,9 @@ func (c *Config) Complete() {
 	}
 	if c.OnChange == nil {
 		c.OnChange = func() {}
+	}
+	if c.OnMove == nil {
+		c.OnMove = func(string, string, time.Duration) {}
 	}
 	if c.OnCancel == nil {
 		c.OnCancel = func(string, string, bool) {}

@@ -47,6 +47,7 @@ type Member struct {
 	mu        sync.Mutex          // guards published; held by the reconcile loop
 	published map[string]Presence // what this relay last wrote per device
 	movedAway map[string]bool     // devices another relay took while agents remained here
+	lostSince map[string]time.Time // when an arriving agent lost its previous relay
 	stopping  bool                // the shutdown was announced
 	hk        housekeeping        // used by the lease holder's loop only
 }
@@ -66,6 +67,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		kick:      make(chan struct{}, 1),
 		published: map[string]Presence{},
 		movedAway: map[string]bool{},
+		lostSince: map[string]time.Time{},
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
@@ -196,6 +198,20 @@ func (m *Member) Changed() {
 	select {
 	case m.kick <- struct{}{}:
 	default:
+	}
+}
+
+// NoteLost records that an agent of device arriving now lost its previous
+// relay lostFor ago, so that the device's move, once written, carries how
+// long it took from the loss to the agent's arrival here.
+func (m *Member) NoteLost(device string, lostFor time.Duration) {
+	if lostFor < 0 || lostFor > time.Minute {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.lostSince) < 100_000 {
+		m.lostSince[device] = time.Now().Add(-lostFor)
 	}
 }
 
@@ -349,10 +365,21 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence) error {
 	if err != nil {
 		return err
 	}
+	took := time.Duration(0)
+	if since, ok := m.lostSince[dev]; ok {
+		delete(m.lostSince, dev)
+		if took = time.Since(since); took > time.Minute {
+			took = 0 // a note from an earlier visit
+		}
+	}
 	switch {
 	case res.moved:
-		m.Record(Event{Type: EventDeviceMoved, Device: dev, RelayID: m.cfg.RelayID, From: res.from,
-			Message: fmt.Sprintf("device %s moved from relay %s to relay %s", dev, res.from, m.cfg.RelayID)})
+		msg := fmt.Sprintf("device %s moved from relay %s to relay %s", dev, res.from, m.cfg.RelayID)
+		if took > 0 {
+			msg += fmt.Sprintf(" in %s", took.Round(time.Millisecond))
+		}
+		m.Record(Event{Type: EventDeviceMoved, Device: dev, RelayID: m.cfg.RelayID, From: res.from, DurationMS: msec(took), Message: msg})
+		m.cfg.OnMove(dev, res.from, took)
 		// Split affinity: the old holder drops what it still has of the
 		// device, so that its agents reconnect and land here.
 		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID, Moved: true})

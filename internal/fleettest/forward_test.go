@@ -20,6 +20,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
@@ -309,6 +310,23 @@ func TestAgentFailsOverWhenItsRelayDies(t *testing.T) {
 			err = fmt.Errorf("directory after the failover: %+v", d.DeviceStatus)
 		}
 		return err
+	})
+	// The move is an event with its measured time.
+	Eventually(t, 5*time.Second, func() error {
+		evs, err := others[0].Node.Fleet().Events(t.Context(), 100)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Type == fleet.EventDeviceMoved && e.Device == "dev" && e.From == dead {
+				if e.DurationMS <= 0 || e.DurationMS > 5000 {
+					t.Errorf("move event %+v: want its measured time", e)
+				}
+				t.Logf("move event: %s", e.Message)
+				return nil
+			}
+		}
+		return errors.New("no device.moved event")
 	})
 }
 

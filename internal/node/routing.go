@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -152,12 +153,15 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 	}
 	draining := n.member.ShouldDrain() || n.stopping.Load()
 	if r.Header.Get(tunnel.RedirectedHeader) != "" && !draining {
+		n.noteLost(r, device)
 		return p
 	}
 	t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, r.Header.Get(tunnel.UnreachableHeader))
 	if ok && !t.Self && t.Address != "" {
 		p.Redirect, p.Holder = t.Address, t.ID
+		return p
 	}
+	n.noteLost(r, device)
 	return p
 }
 
@@ -210,4 +214,12 @@ func (h *changeHub) next() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.ch
+}
+
+// noteLost passes on how long ago an arriving agent lost its previous
+// relay, for the device's move event.
+func (n *Node) noteLost(r *http.Request, device string) {
+	if ms, err := strconv.ParseInt(r.Header.Get(tunnel.LostHeader), 10, 64); err == nil {
+		n.member.NoteLost(device, time.Duration(ms)*time.Millisecond)
+	}
 }

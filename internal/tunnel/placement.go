@@ -20,6 +20,10 @@ const (
 	// it just lost without a word (its pings went unanswered, or it refused
 	// the agent's connection): the relay placing the agent leaves it out.
 	UnreachableHeader = "X-Switchboard-Unreachable"
+	// LostHeader says, in the agent's handshake, how many milliseconds ago
+	// it lost its previous relay: the relay that takes it records how long
+	// the device's move took.
+	LostHeader = "X-Switchboard-Lost-Ms"
 	// HolderHeader names, in a redirect, the id of the relay redirected to.
 	HolderHeader = "X-Switchboard-Holder"
 	// RedirectedHeader marks a handshake that follows a redirect: the relay
