@@ -44,12 +44,12 @@ type Member struct {
 	leaseHeld   atomic.Bool
 	reachable   atomic.Bool
 
-	mu        sync.Mutex          // guards published; held by the reconcile loop
-	published map[string]Presence // what this relay last wrote per device
-	movedAway map[string]bool     // devices another relay took while agents remained here
+	mu        sync.Mutex           // guards published; held by the reconcile loop
+	published map[string]Presence  // what this relay last wrote per device
+	movedAway map[string]bool      // devices another relay took while agents remained here
 	lostSince map[string]time.Time // when an arriving agent lost its previous relay
-	stopping  bool                // the shutdown was announced
-	hk        housekeeping        // used by the lease holder's loop only
+	stopping  bool                 // the shutdown was announced
+	hk        housekeeping         // used by the lease holder's loop only
 }
 
 // Open opens the fleet state in st for the relay cfg describes and starts the
