@@ -46,7 +46,9 @@ func (a *Agent) runNative(ctx context.Context) error {
 			return a.runLongPoll(ctx)
 		case err != nil:
 			a.setState("disconnected", "relay", c.url.Redacted(), "err", err)
-			w.failed(c)
+			if w.failed(c) {
+				continue // another relay of the fleet's list: try it at once
+			}
 			if !sleep(ctx, bo.Next(time.Now())) {
 				return nil
 			}
@@ -56,12 +58,13 @@ func (a *Agent) runNative(ctx context.Context) error {
 		w.connected(c, placed)
 		a.setState("connected", "relay", c.url.Redacted(), "relay_id", placed.RelayID, "protocol", ProtocolNative)
 		wc := &watchedConn{Conn: conn}
+		up := time.Now()
 		tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
 		if ctx.Err() != nil {
 			return nil
 		}
 		silent := wc.silent()
-		w.lost(silent)
+		w.lost(silent, wc.lastSign(up))
 		if silent {
 			// The relay stopped answering: go to the next relay at once.
 			a.setState("disconnected", "relay", c.url.Redacted(), "err", "the relay stopped answering")

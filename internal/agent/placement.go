@@ -66,7 +66,10 @@ func (w *walker) target() (candidate, http.Header) {
 
 // failed records that dialling c failed: it moves to the next candidate,
 // and a relay the agent knows by id is reported unreachable from now on.
-func (w *walker) failed(c candidate) {
+// It reports whether another relay of the list is left to try at once;
+// false means a round is over and the agent should back off.
+func (w *walker) failed(c candidate) (more bool) {
+	defer func() { more = len(w.queue) > 0 }()
 	switch {
 	case w.redirect != nil:
 		w.redirect = nil
@@ -79,6 +82,7 @@ func (w *walker) failed(c candidate) {
 	if c.id != "" {
 		w.unreachable = c.id
 	}
+	return
 }
 
 // redirected records a redirect; it reports false when too many came in a
@@ -108,9 +112,13 @@ func (w *walker) connected(c candidate, p tunnel.Placed) {
 }
 
 // lost records the end of the tunnel. silent says the relay stopped
-// answering (rather than closing the connection).
-func (w *walker) lost(silent bool) {
+// answering (rather than closing the connection) and lastSign when it was
+// last heard from: the device's move is timed from then.
+func (w *walker) lost(silent bool, lastSign time.Time) {
 	w.lostAt = time.Now()
+	if silent {
+		w.lostAt = lastSign
+	}
 	if silent {
 		w.unreachable = w.current.ID
 		w.queue = w.others(w.current.ID)
@@ -140,14 +148,27 @@ type watchedConn struct {
 	net.Conn
 	readFailed atomic.Bool
 	closed     atomic.Bool
+	lastRead   atomic.Int64 // unix nanoseconds of the last read that returned data
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.lastRead.Store(time.Now().UnixNano())
+	}
 	if err != nil && !c.closed.Load() {
 		c.readFailed.Store(true)
 	}
 	return n, err
+}
+
+// lastSign returns when the relay was last heard from, or since when the
+// connection is up if never.
+func (c *watchedConn) lastSign(since time.Time) time.Time {
+	if ns := c.lastRead.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return since
 }
 
 func (c *watchedConn) Close() error {

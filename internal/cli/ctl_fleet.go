@@ -76,7 +76,14 @@ func runRelays(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr
 }
 
 func relaysList(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ctl relays list", stderr)
+	return listCommand(ctx, g, "ctl relays list", args, stdout, stderr, (*control.Client).ListRelays, writeRelayTable)
+}
+
+// listCommand runs a list command: its flags, one call of the operator API,
+// then the answer as JSON (an empty list as []) or as a table.
+func listCommand[T any](ctx context.Context, g *ctlGlobals, name string, args []string, stdout, stderr io.Writer,
+	fetch func(*control.Client, context.Context) ([]T, error), table func(io.Writer, []T, time.Time) error) error {
+	fs := newFlagSet(name, stderr)
 	g.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -85,17 +92,17 @@ func relaysList(ctx context.Context, g *ctlGlobals, args []string, stdout, stder
 	if err != nil {
 		return err
 	}
-	relays, err := c.ListRelays(ctx)
+	items, err := fetch(c, ctx)
 	if err != nil {
-		return fmt.Errorf("ctl relays list: %w", g.explain(err))
+		return fmt.Errorf("%s: %w", name, g.explain(err))
 	}
 	if g.output == outputJSON {
-		if relays == nil {
-			relays = []fleet.RelayStatus{}
+		if items == nil {
+			items = []T{}
 		}
-		return writeJSON(stdout, relays)
+		return writeJSON(stdout, items)
 	}
-	return writeRelayTable(stdout, relays, time.Now())
+	return table(stdout, items, time.Now())
 }
 
 func writeRelayTable(w io.Writer, relays []fleet.RelayStatus, now time.Time) error {
@@ -180,26 +187,7 @@ func runDevices(ctx context.Context, g *ctlGlobals, args []string, stdout, stder
 }
 
 func devicesList(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ctl devices list", stderr)
-	g.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	c, err := g.connect()
-	if err != nil {
-		return err
-	}
-	devices, err := c.ListDevices(ctx)
-	if err != nil {
-		return fmt.Errorf("ctl devices list: %w", g.explain(err))
-	}
-	if g.output == outputJSON {
-		if devices == nil {
-			devices = []fleet.DeviceStatus{}
-		}
-		return writeJSON(stdout, devices)
-	}
-	return writeDeviceTable(stdout, devices, time.Now())
+	return listCommand(ctx, g, "ctl devices list", args, stdout, stderr, (*control.Client).ListDevices, writeDeviceTable)
 }
 
 func writeDeviceTable(w io.Writer, devices []fleet.DeviceStatus, now time.Time) error {

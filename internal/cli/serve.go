@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
 
 // serveFlags binds the flags of 'switchboard serve' to a node.Config.
@@ -31,6 +32,11 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.IntVar(&cfg.Fleet.MaxForward, "max-forward", fleet.DefaultMaxForward, "most `devices` this relay takes when devices are assigned")
 	fs.DurationVar(&cfg.Fleet.LostWindow, "lost-window", fleet.DefaultLostWindow, "housekeeping detaches the devices of a relay stale this `long`")
 	fs.DurationVar(&cfg.Fleet.ReapAfter, "reap-after", fleet.DefaultReapAfter, "housekeeping removes relays silent this `long` with nothing attached, and devices detached as long")
+	fs.DurationVar(&cfg.Watchdog.Interval, "probe-interval", watchdog.DefaultInterval, "how often the relay probes each other relay (`interval`)")
+	fs.DurationVar(&cfg.Watchdog.Timeout, "probe-timeout", watchdog.DefaultTimeout, "how `long` one probe may take before it counts as missed")
+	fs.IntVar(&cfg.Watchdog.Misses, "probe-misses", watchdog.DefaultMisses, "missed probes in a `row` that veto a relay")
+	fs.DurationVar(&cfg.Watchdog.VetoTTL, "veto-ttl", watchdog.DefaultVetoTTL, "how `long` a veto lasts unless a probe that answers clears it first")
+	fs.DurationVar(&cfg.DrainSpread, "drain-spread", 5*time.Second, "a drained relay asks its native agents to move over this `window`")
 	fs.DurationVar(&cfg.Fleet.LeaseTTL, "lease-ttl", fleet.DefaultLeaseTTL, "length of the housekeeping lease: another relay takes over at most this `long` plus a third after its holder dies")
 	port = fs.Int("port", 0, "alias of --listen :`PORT` (compatibility with the reference relay)")
 	fs.IntVar(&cfg.Broker.BlockSize, "block_size", 10240, "most user `bytes` handed to a long-poll agent per requeststream call")

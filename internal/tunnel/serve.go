@@ -3,6 +3,7 @@ package tunnel
 import (
 	"context"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"strconv"
@@ -25,7 +26,10 @@ func Serve(ctx context.Context, conn net.Conn, h http.Handler, l Liveness) {
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	srv.ServeConn(conn, &http2.ServeConnOpts{Context: ctx, BaseConfig: &http.Server{}, Handler: h})
+	// The agent reports a lost tunnel itself; x/net's own lines (a ping
+	// that timed out) would only repeat it on the standard logger.
+	base := &http.Server{ErrorLog: log.New(io.Discard, "", 0)}
+	srv.ServeConn(conn, &http2.ServeConnOpts{Context: ctx, BaseConfig: base, Handler: h})
 }
 
 // UpgradeHandler serves the marked upgrade streams: it performs the real

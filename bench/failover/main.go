@@ -1,0 +1,694 @@
+// Command failover measures how a Switchboard fleet rides out the loss of a
+// relay. It runs three `switchboard serve` processes sharing one NATS server
+// (hosted by this process, so that any relay may die), native agents for
+// -devices devices in this process, and a steady load of requests; then,
+// trial after trial, it kills a relay with SIGKILL, or freezes one with
+// SIGSTOP, and measures for every device the relay held the time from the
+// kill or freeze to the first successful request through a surviving relay.
+// Afterwards it checks that a new relay takes nothing, that a drain moves
+// only the drained relay's devices without a failed request, how fast a
+// directory change reaches every relay, and that requests keep working
+// while NATS is down.
+//
+//	go run ./bench/failover -trials 20 -md results.md
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/control"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/ranking"
+	"github.com/switchboard-relay/switchboard/internal/store"
+)
+
+func main() {
+	var o options
+	flag.IntVar(&o.devices, "devices", 100, "devices, each with one native agent")
+	flag.IntVar(&o.trials, "trials", 20, "kill trials, and as many freeze trials")
+	flag.StringVar(&o.bin, "bin", "", "switchboard binary (default: build one)")
+	flag.StringVar(&o.md, "md", "", "also write the results as Markdown to this file")
+	flag.DurationVar(&o.probeEvery, "probe-every", 10*time.Millisecond, "interval of each affected device's probe requests")
+	flag.DurationVar(&o.gap, "gap", 11*time.Second, "least time between two trials: agents whose relays fail within 10 s of each other back off, by design")
+	flag.Parse()
+	if err := run(o); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type options struct {
+	devices, trials int
+	bin, md         string
+	probeEvery, gap time.Duration
+}
+
+// relayProc is one `switchboard serve` process.
+type relayProc struct {
+	n           int
+	port, admin string
+	dir         string
+	id          string
+	cmd         *exec.Cmd
+	done        chan struct{}
+}
+
+func (r *relayProc) url() string      { return "http://127.0.0.1:" + r.port }
+func (r *relayProc) adminURL() string { return "http://127.0.0.1:" + r.admin }
+
+type bench struct {
+	o      options
+	bin    string
+	dir    string
+	nats   *store.Store
+	natsAt string
+	relays []*relayProc
+	token  string
+	client *http.Client
+	out    strings.Builder
+	last   time.Time // when the last trial began
+}
+
+func run(o options) error {
+	dir, err := os.MkdirTemp("", "switchboard-failover-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	b := &bench{o: o, dir: dir, bin: o.bin, client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	if b.bin == "" {
+		b.bin = filepath.Join(dir, "switchboard")
+		if out, err := exec.Command("go", "build", "-o", b.bin, "./cmd/switchboard").CombinedOutput(); err != nil {
+			return fmt.Errorf("build: %v: %s", err, out)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := b.startNATS(ctx, "127.0.0.1:0"); err != nil {
+		return err
+	}
+	defer func() { b.nats.Close() }()
+	for i := range 3 {
+		if _, err := b.startRelay(ctx, i+1); err != nil {
+			return err
+		}
+	}
+	defer b.stopAll()
+	tok, err := os.ReadFile(filepath.Join(b.relays[0].dir, "admin.token"))
+	if err != nil {
+		return err
+	}
+	b.token = strings.TrimSpace(string(tok))
+	if err := b.waitFresh(ctx, 3); err != nil {
+		return err
+	}
+
+	backend := startBackend()
+	defer backend.Close()
+	var entries []*url.URL
+	for _, r := range b.relays {
+		u, _ := url.Parse(r.url())
+		entries = append(entries, u)
+	}
+	devices := make([]string, o.devices)
+	for i := range devices {
+		devices[i] = fmt.Sprintf("dev-%03d", i)
+		if err := startAgent(ctx, entries, devices[i], backend.URL); err != nil {
+			return err
+		}
+	}
+	if err := b.waitOnline(ctx, devices); err != nil {
+		return err
+	}
+	b.logf("# Failover: %d devices, 3 relays, %d trials each\n\n", len(devices), o.trials)
+	b.logf("Relays are `switchboard serve` processes on one NATS (hosted by the harness); native agents and the backend run in the harness. Requests go through the surviving relays in turn, as through a load balancer whose health check has removed the dead one. Trials start at least %s apart.\n\n", o.gap)
+
+	load := startLoad(ctx, b, devices)
+	defer load.stop()
+
+	for _, kind := range []string{"kill", "freeze"} {
+		var times []time.Duration
+		timeouts := 0
+		for trial := range o.trials {
+			ts, lost, err := b.trial(ctx, kind, devices)
+			if err != nil {
+				return fmt.Errorf("%s trial %d: %w", kind, trial+1, err)
+			}
+			times = append(times, ts...)
+			timeouts += lost
+			fmt.Fprintf(os.Stderr, "%s trial %d: %d devices, p50 %s, max %s\n", kind, trial+1, len(ts), pct(ts, 50), pct(ts, 100))
+		}
+		b.logf("- **%s** (%d trials, %d affected devices): first success after the %s p50 **%s**, p99 **%s**, max %s; %d devices not back within 10 s\n",
+			map[string]string{"kill": "SIGKILL", "freeze": "SIGSTOP"}[kind], o.trials, len(times), map[string]string{"kill": "kill", "freeze": "freeze"}[kind],
+			pct(times, 50), pct(times, 99), pct(times, 100), timeouts)
+	}
+	if err := b.extras(ctx, devices, entries, backend.URL, load); err != nil {
+		return err
+	}
+	fmt.Print(b.out.String())
+	if o.md != "" {
+		return os.WriteFile(o.md, []byte(b.out.String()), 0o644)
+	}
+	return nil
+}
+
+func (b *bench) logf(format string, args ...any) { fmt.Fprintf(&b.out, format, args...) }
+
+func (b *bench) startNATS(ctx context.Context, listen string) error {
+	st, err := store.Open(ctx, store.Config{DataDir: filepath.Join(b.dir, "nats"), Listen: listen})
+	if err != nil {
+		return err
+	}
+	b.nats, b.natsAt = st, st.ClientURL()
+	return nil
+}
+
+func (b *bench) startRelay(ctx context.Context, n int) (*relayProc, error) {
+	var r *relayProc
+	for _, x := range b.relays {
+		if x.n == n {
+			r = x
+		}
+	}
+	if r == nil {
+		r = &relayProc{n: n, port: freePort(), admin: freePort(), dir: filepath.Join(b.dir, fmt.Sprintf("relay%d", n))}
+		b.relays = append(b.relays, r)
+	}
+	r.cmd = exec.Command(b.bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
+		"--data", r.dir, "--nats", b.natsAt, "--advertise", r.url(),
+		"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error")
+	r.cmd.Stderr = os.Stderr
+	if err := r.cmd.Start(); err != nil {
+		return nil, err
+	}
+	r.done = make(chan struct{})
+	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); close(done) }(r.cmd, r.done)
+	if err := poll(ctx, 20*time.Second, func() error {
+		resp, err := b.client.Get(r.adminURL() + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("relay %d did not start: %w", n, err)
+	}
+	id, err := os.ReadFile(filepath.Join(r.dir, fleet.RelayIDFile))
+	if err != nil {
+		return nil, err
+	}
+	r.id = strings.TrimSpace(string(id))
+	return r, nil
+}
+
+func (b *bench) stopAll() {
+	for _, r := range b.relays {
+		if r.cmd != nil && r.cmd.Process != nil {
+			r.cmd.Process.Signal(syscall.SIGCONT)
+			r.cmd.Process.Kill()
+			<-r.done
+		}
+	}
+}
+
+// api returns an operator API client on a live relay other than skip.
+func (b *bench) api(skip *relayProc) *control.Client {
+	for _, r := range b.relays {
+		if r != skip && r.cmd != nil {
+			select {
+			case <-r.done:
+				continue
+			default:
+			}
+			return &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
+		}
+	}
+	return nil
+}
+
+func (b *bench) waitFresh(ctx context.Context, n int) error {
+	return poll(ctx, 30*time.Second, func() error {
+		for _, r := range b.relays {
+			c := &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
+			rs, err := c.ListRelays(ctx)
+			if err != nil {
+				return err
+			}
+			fresh := 0
+			for _, x := range rs {
+				if x.Fresh && !x.Draining {
+					fresh++
+				}
+			}
+			if fresh < n {
+				return fmt.Errorf("relay %d sees %d fresh relays", r.n, fresh)
+			}
+		}
+		return nil
+	})
+}
+
+func (b *bench) waitOnline(ctx context.Context, devices []string) error {
+	return poll(ctx, 60*time.Second, func() error {
+		ds, err := b.api(nil).ListDevices(ctx)
+		if err != nil {
+			return err
+		}
+		online := 0
+		for _, d := range ds {
+			if d.State == fleet.StateOnline && slices.Contains(devices, d.Name) {
+				online++
+			}
+		}
+		if online < len(devices) {
+			return fmt.Errorf("%d of %d devices online", online, len(devices))
+		}
+		return nil
+	})
+}
+
+// trial kills or freezes the relay holding most devices and returns, per
+// device it held, the time to the first successful request through a
+// surviving relay, and how many devices did not come back within 10 s.
+func (b *bench) trial(ctx context.Context, kind string, devices []string) ([]time.Duration, int, error) {
+	if err := b.waitOnline(ctx, devices); err != nil {
+		return nil, 0, err
+	}
+	ds, err := b.api(nil).ListDevices(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	held := map[string][]string{}
+	for _, d := range ds {
+		held[d.RelayID] = append(held[d.RelayID], d.Name)
+	}
+	var victim *relayProc
+	for _, r := range b.relays {
+		if victim == nil || len(held[r.id]) > len(held[victim.id]) {
+			victim = r
+		}
+	}
+	affected := held[victim.id]
+	var survivors []string
+	for _, r := range b.relays {
+		if r != victim {
+			survivors = append(survivors, r.url())
+		}
+	}
+	sig := syscall.SIGKILL
+	if kind == "freeze" {
+		sig = syscall.SIGSTOP
+	}
+	if wait := b.o.gap - time.Since(b.last); wait > 0 {
+		<-time.After(wait)
+	}
+	start := time.Now()
+	b.last = start
+	if err := victim.cmd.Process.Signal(sig); err != nil {
+		return nil, 0, err
+	}
+	times := make([]time.Duration, len(affected))
+	var wg sync.WaitGroup
+	for i, d := range affected {
+		wg.Go(func() { times[i] = b.firstSuccess(ctx, d, survivors, start) })
+	}
+	wg.Wait()
+	for i, d := range affected {
+		if times[i] > 800*time.Millisecond {
+			fmt.Fprintf(os.Stderr, "  slow: %s %s\n", d, times[i])
+		}
+	}
+	if evs, err := b.api(victim).Events(ctx, fleet.MaxEventsList); err == nil {
+		var moves []time.Duration
+		for _, e := range evs {
+			if e.Type == fleet.EventDeviceMoved && e.Time.After(start) && e.From == victim.id {
+				moves = append(moves, time.Duration(e.DurationMS*float64(time.Millisecond)))
+			}
+		}
+		fmt.Fprintf(os.Stderr, "  moves recorded by the fleet: %d, agent-measured p50 %s, max %s\n", len(moves), pct(moves, 50), pct(moves, 100))
+	}
+	var ok []time.Duration
+	lost := 0
+	for _, t := range times {
+		if t < 0 {
+			lost++
+		} else {
+			ok = append(ok, t)
+		}
+	}
+	// Bring the relay back: a killed one restarts on its data dir (the same
+	// relay id), a frozen one resumes.
+	if kind == "kill" {
+		<-victim.done
+		if _, err := b.startRelay(ctx, victim.n); err != nil {
+			return nil, 0, err
+		}
+	} else {
+		victim.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	if err := b.waitFresh(ctx, 3); err != nil {
+		return nil, 0, err
+	}
+	return ok, lost, b.waitOnline(ctx, devices)
+}
+
+// firstSuccess probes device through the relays in turn until a request
+// succeeds, and returns how long after start; -1 after 10 s.
+func (b *bench) firstSuccess(ctx context.Context, device string, relays []string, start time.Time) time.Duration {
+	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	tick := time.NewTicker(b.o.probeEvery)
+	defer tick.Stop()
+	for i := 0; time.Since(start) < 10*time.Second; i++ {
+		resp, err := c.Get(relays[i%len(relays)] + "/client/" + device + "/")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return time.Since(start)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return -1
+		case <-tick.C:
+		}
+	}
+	return -1
+}
+
+// extras measures the fleet's other promises under load.
+func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL, backend string, load *load) error {
+	b.logf("\n")
+	// A fourth relay joins: stickiness moves nothing.
+	before, err := b.directory(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := b.startRelay(ctx, 4); err != nil {
+		return err
+	}
+	if err := b.waitFresh(ctx, 4); err != nil {
+		return err
+	}
+	<-time.After(5 * time.Second) // a fixed window in which any move would happen
+	after, err := b.directory(ctx)
+	if err != nil {
+		return err
+	}
+	moved := 0
+	for d, r := range before {
+		if after[d] != r {
+			moved++
+		}
+	}
+	b.logf("- **a 4th relay joins** under load: %d of %d devices moved (5 s watched)\n", moved, len(before))
+
+	// Drain the relay with the most devices: only its devices move, and no
+	// request fails.
+	held := map[string]int{}
+	for _, r := range after {
+		held[r]++
+	}
+	var victim *relayProc
+	for _, r := range b.relays {
+		if victim == nil || held[r.id] > held[victim.id] {
+			victim = r
+		}
+	}
+	load.reset()
+	drainStart := time.Now()
+	if _, err := b.api(nil).SetRelayDraining(ctx, victim.id, true); err != nil {
+		return err
+	}
+	if err := poll(ctx, 60*time.Second, func() error {
+		now, err := b.directory(ctx)
+		if err != nil {
+			return err
+		}
+		for d, r := range after {
+			if r == victim.id && now[d] == victim.id {
+				return errors.New("devices still on the drained relay")
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	drained := time.Since(drainStart)
+	final, err := b.directory(ctx)
+	if err != nil {
+		return err
+	}
+	others := 0
+	for d, r := range after {
+		if r != victim.id && final[d] != r {
+			others++
+		}
+	}
+	attempted, failed := load.counts()
+	b.logf("- **drain** of the relay holding %d devices: all moved in %s; devices of other relays moved: %d; requests during the drain: %d, failed: %d\n",
+		held[victim.id], drained.Round(time.Millisecond), others, attempted, failed)
+	if _, err := b.api(nil).SetRelayDraining(ctx, victim.id, false); err != nil {
+		return err
+	}
+
+	// The spread of 1,000 devices over the four relays, by the ranking the
+	// relays run, over their real ids.
+	var rs []ranking.Relay
+	for _, r := range b.relays {
+		rs = append(rs, ranking.Relay{ID: r.id, Available: true})
+	}
+	counts := make([]int, len(rs))
+	for i := range 1000 {
+		counts[ranking.Best(fmt.Sprintf("device-%04d", i), "", rs)]++
+	}
+	b.logf("- **1,000 devices over 4 relays** (the ranking over the fleet's relay ids): %v, max/avg **%.3f**\n", counts, float64(slices.Max(counts))/250)
+
+	// How fast a directory change reaches every relay.
+	var spreads []time.Duration
+	for i := range 50 {
+		d := fmt.Sprintf("vis-%03d", i)
+		seen, err := b.visibility(ctx, entries, d, backend)
+		if err != nil {
+			return err
+		}
+		spreads = append(spreads, seen)
+	}
+	b.logf("- **directory change visible on every relay** (from the first relay showing a new device to the last; 50 devices): p50 %s, p99 **%s**\n", pct(spreads, 50), pct(spreads, 99))
+
+	// NATS goes away under load: devices already attached keep working.
+	load.reset()
+	b.nats.Close()
+	<-time.After(5 * time.Second) // the outage
+	attempted, failed = load.counts()
+	u, _ := url.Parse(b.natsAt)
+	if err := b.startNATS(ctx, u.Host); err != nil {
+		return err
+	}
+	b.logf("- **NATS down for 5 s** under load: %d requests, %d failed\n", attempted, failed)
+	return b.waitFresh(ctx, 4)
+}
+
+// directory returns device → relay id.
+func (b *bench) directory(ctx context.Context) (map[string]string, error) {
+	ds, err := b.api(nil).ListDevices(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, d := range ds {
+		if d.Agents > 0 {
+			out[d.Name] = d.RelayID
+		}
+	}
+	return out, nil
+}
+
+// visibility connects an agent for device and returns the time between the
+// first and the last relay showing it in their operator API.
+func (b *bench) visibility(ctx context.Context, entries []*url.URL, device, backend string) (time.Duration, error) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := startAgent(actx, entries, device, backend); err != nil {
+		return 0, err
+	}
+	seen := make([]time.Time, len(b.relays))
+	var wg sync.WaitGroup
+	for i, r := range b.relays {
+		wg.Go(func() {
+			c := &http.Client{Timeout: time.Second}
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) {
+				req, _ := http.NewRequest(http.MethodGet, r.adminURL()+control.PathDevices+"/"+device, nil)
+				req.Header.Set("Authorization", "Bearer "+b.token)
+				if resp, err := c.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						seen[i] = time.Now()
+						return
+					}
+				}
+				<-time.After(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	first, last := seen[0], seen[0]
+	for _, s := range seen {
+		if s.IsZero() {
+			return 0, fmt.Errorf("device %s never showed on every relay", device)
+		}
+		if s.Before(first) {
+			first = s
+		}
+		if s.After(last) {
+			last = s
+		}
+	}
+	return last.Sub(first), nil
+}
+
+// load sends a steady stream of requests, each to the next device through
+// the next live relay.
+type load struct {
+	cancel            context.CancelFunc
+	done              chan struct{}
+	attempted, failed atomic.Int64
+}
+
+func startLoad(ctx context.Context, b *bench, devices []string) *load {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &load{cancel: cancel, done: make(chan struct{})}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	var urls []string // the three first relays, as a load balancer without health checks sees them
+	for _, r := range b.relays {
+		urls = append(urls, r.url())
+	}
+	go func() {
+		defer close(l.done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			base, d := urls[i%len(urls)], devices[i%len(devices)]
+			wg.Go(func() {
+				resp, err := c.Get(base + "/client/" + d + "/")
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						err = errors.New(resp.Status)
+					}
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				l.attempted.Add(1)
+				if err != nil {
+					l.failed.Add(1)
+				}
+			})
+		}
+	}()
+	return l
+}
+
+func (l *load) reset()                  { l.attempted.Store(0); l.failed.Store(0) }
+func (l *load) counts() (int64, int64) { return l.attempted.Load(), l.failed.Load() }
+func (l *load) stop()                   { l.cancel(); <-l.done }
+
+func startAgent(ctx context.Context, entries []*url.URL, device, backend string) error {
+	bu, _ := url.Parse(backend)
+	a, err := agent.New(agent.Config{Relays: entries, Device: device, Backend: bu, Protocol: agent.ProtocolNative,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	go a.Run(ctx)
+	return nil
+}
+
+type backendServer struct {
+	URL string
+	srv *http.Server
+}
+
+func (s *backendServer) Close() { s.srv.Close() }
+
+func startBackend() *backendServer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
+	go srv.Serve(ln)
+	return &backendServer{URL: "http://" + ln.Addr().String(), srv: srv}
+}
+
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// poll calls f until it returns nil or within passes.
+func poll(ctx context.Context, within time.Duration, f func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// pct returns the p-th percentile of ds.
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	i = min(max(i-1, 0), len(s)-1)
+	return s[i].Round(time.Millisecond)
+}
