@@ -621,9 +621,9 @@ func startLoad(ctx context.Context, b *bench, devices []string) *load {
 	return l
 }
 
-func (l *load) reset()                  { l.attempted.Store(0); l.failed.Store(0) }
+func (l *load) reset()                 { l.attempted.Store(0); l.failed.Store(0) }
 func (l *load) counts() (int64, int64) { return l.attempted.Load(), l.failed.Load() }
-func (l *load) stop()                   { l.cancel(); <-l.done }
+func (l *load) stop()                  { l.cancel(); <-l.done }
 
 func startAgent(ctx context.Context, entries []*url.URL, device, backend string) error {
 	bu, _ := url.Parse(backend)
