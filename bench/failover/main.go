@@ -37,7 +37,6 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
-	"github.com/switchboard-relay/switchboard/internal/ranking"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
@@ -473,17 +472,13 @@ func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL
 		return err
 	}
 
-	// The spread of 1,000 devices over the four relays, by the ranking the
-	// relays run, over their real ids.
-	var rs []ranking.Relay
-	for _, r := range b.relays {
-		rs = append(rs, ranking.Relay{ID: r.id, Available: true})
+	// 1,000 new devices arrive, 200 a second: how evenly the four relays
+	// take them.
+	spread, err := b.placeMany(ctx, entries, backend, 1000)
+	if err != nil {
+		return err
 	}
-	counts := make([]int, len(rs))
-	for i := range 1000 {
-		counts[ranking.Best(fmt.Sprintf("device-%04d", i), "", rs)]++
-	}
-	b.logf("- **1,000 devices over 4 relays** (the ranking over the fleet's relay ids): %v, max/avg **%.3f**\n", counts, float64(slices.Max(counts))/250)
+	b.logf("- **1,000 new devices over 4 relays** (native agents arriving 200 a second): %v, max/avg **%.3f**\n", spread, float64(slices.Max(spread))*float64(len(spread))/1000)
 
 	// How fast a directory change reaches every relay.
 	var spreads []time.Duration
@@ -508,6 +503,49 @@ func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL
 	}
 	b.logf("- **NATS down for 5 s** under load: %d requests, %d failed\n", attempted, failed)
 	return b.waitFresh(ctx, 4)
+}
+
+// placeMany connects n agents for new devices, paced, waits until all are
+// attached, and returns how many each relay took.
+func (b *bench) placeMany(ctx context.Context, entries []*url.URL, backend string, n int) ([]int, error) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	names := make([]string, n)
+	tick := time.NewTicker(5 * time.Millisecond)
+	for i := range names {
+		names[i] = fmt.Sprintf("many-%04d", i)
+		if err := startAgent(actx, entries, names[i], backend); err != nil {
+			return nil, err
+		}
+		<-tick.C
+	}
+	tick.Stop()
+	var counts map[string]int
+	err := poll(ctx, 60*time.Second, func() error {
+		dir, err := b.directory(ctx)
+		if err != nil {
+			return err
+		}
+		counts = map[string]int{}
+		for _, d := range names {
+			if r, ok := dir[d]; ok {
+				counts[r]++
+			}
+		}
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		if total < n {
+			return fmt.Errorf("%d of %d attached", total, n)
+		}
+		return nil
+	})
+	var out []int
+	for _, r := range b.relays {
+		out = append(out, counts[r.id])
+	}
+	return out, err
 }
 
 // directory returns device → relay id.

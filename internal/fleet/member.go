@@ -35,6 +35,7 @@ type Member struct {
 	devices  *mirror[Attachment]
 	events   *eventLog
 
+	loads       relayLoads    // devices attached per relay, from the directory
 	kick        chan struct{} // asks for a reconcile of the attachments
 	cancelSub   *nats.Subscription
 	cancel      context.CancelFunc
@@ -81,6 +82,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		m.Changed()
 		cfg.OnChange()
 	})
+	m.devices.onReload, m.devices.onApply = m.loads.reload, m.loads.apply
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel

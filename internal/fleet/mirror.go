@@ -26,6 +26,13 @@ type mirror[T any] struct {
 
 	resync chan struct{} // asks the loop to restart its watch
 
+	// onReload and onApply, if set, keep something derived from the items
+	// current: onReload after a full read, onApply after each change (old
+	// or new nil for an insert or a delete). Both run with the mirror's
+	// lock held and must not call back into it.
+	onReload func(items map[string]T)
+	onApply  func(old, new *T)
+
 	mu     sync.RWMutex
 	items  map[string]T
 	synced bool // a full read has completed at least once
@@ -102,6 +109,9 @@ func (m *mirror[T]) watchOnce(ctx context.Context) error {
 				m.mu.Lock()
 				m.items, m.synced = fresh, true
 				m.loads++
+				if m.onReload != nil {
+					m.onReload(fresh)
+				}
 				m.mu.Unlock()
 				m.onChange()
 			case e == nil:
@@ -109,7 +119,12 @@ func (m *mirror[T]) watchOnce(ctx context.Context) error {
 				m.decodeInto(fresh, e)
 			default:
 				m.mu.Lock()
+				old, had := m.items[e.Key()]
 				m.decodeInto(m.items, e)
+				if m.onApply != nil {
+					nw, has := m.items[e.Key()]
+					m.onApply(ptrIf(old, had), ptrIf(nw, has))
+				}
 				m.mu.Unlock()
 				m.onChange()
 			}
@@ -130,6 +145,13 @@ func (m *mirror[T]) decodeInto(items map[string]T, e jetstream.KeyValueEntry) {
 		return
 	}
 	items[e.Key()] = v
+}
+
+func ptrIf[T any](v T, ok bool) *T {
+	if !ok {
+		return nil
+	}
+	return &v
 }
 
 // get returns the item under key.

@@ -71,7 +71,7 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 		if avail && vetoed != nil && vetoed(r.ID) {
 			avail = false
 		}
-		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: r.ForwardSessions, Capacity: r.MaxForward})
+		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: m.loads.of(r.ID), Capacity: r.MaxForward})
 	}
 	m.relays.mu.RUnlock()
 	*sp = cands
@@ -91,7 +91,7 @@ func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []Ta
 	addrs := map[string]string{}
 	for _, r := range m.relays.all() {
 		avail := m.fresh(r, now) && r.Healthy && !r.Draining && !r.Stopping && (vetoed == nil || !vetoed(r.ID))
-		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: r.ForwardSessions, Capacity: r.MaxForward})
+		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: m.loads.of(r.ID), Capacity: r.MaxForward})
 		if len(r.Addresses) > 0 {
 			addrs[r.ID] = r.Addresses[0]
 		}
@@ -129,4 +129,45 @@ func PeerSecret(ctx context.Context, kv jetstream.KeyValue, fresh func() []byte)
 		}
 	}
 	return nil, fmt.Errorf("peer secret: %w", ErrConflict)
+}
+
+// relayLoads counts, per relay, the devices the directory has attached to
+// it (with agents), kept current by the directory mirror so that placing a
+// device never scans the directory. The zero value is ready.
+type relayLoads struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (l *relayLoads) reload(items map[string]Attachment) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n = map[string]int{}
+	for _, a := range items {
+		if a.Agents > 0 {
+			l.n[a.RelayID]++
+		}
+	}
+}
+
+func (l *relayLoads) apply(old, new *Attachment) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == nil {
+		l.n = map[string]int{}
+	}
+	if old != nil && old.Agents > 0 {
+		if l.n[old.RelayID]--; l.n[old.RelayID] <= 0 {
+			delete(l.n, old.RelayID)
+		}
+	}
+	if new != nil && new.Agents > 0 {
+		l.n[new.RelayID]++
+	}
+}
+
+func (l *relayLoads) of(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n[id]
 }

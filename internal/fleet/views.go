@@ -57,16 +57,10 @@ type DeviceLink struct {
 // sorted by id.
 func (m *Member) Relays() []RelayStatus {
 	t := time.Now()
-	counts := map[string]int{}
-	for _, d := range m.devices.all() {
-		if d.Agents > 0 {
-			counts[d.RelayID]++
-		}
-	}
 	rs := m.relays.all()
 	out := make([]RelayStatus, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, m.relayStatus(r, t, counts[r.ID]))
+		out = append(out, m.relayStatus(r, t, m.loads.of(r.ID)))
 	}
 	slices.SortFunc(out, func(a, b RelayStatus) int { return strings.Compare(a.ID, b.ID) })
 	return out
@@ -78,13 +72,7 @@ func (m *Member) Relay(id string) (RelayStatus, error) {
 	if !ok {
 		return RelayStatus{}, fmt.Errorf("relay %q: %w", id, ErrNotFound)
 	}
-	n := 0
-	for _, d := range m.devices.all() {
-		if d.Agents > 0 && d.RelayID == id {
-			n++
-		}
-	}
-	return m.relayStatus(r, time.Now(), n), nil
+	return m.relayStatus(r, time.Now(), m.loads.of(id)), nil
 }
 
 func (m *Member) relayStatus(r Relay, t time.Time, attached int) RelayStatus {

@@ -64,15 +64,48 @@ func better(device, region string, a, b *Relay, sa, sb uint64) bool {
 	return a.ID < b.ID
 }
 
+// Balance bounds the load of the relay Best picks: at most Balance times
+// the average load of the available relays once the device is placed
+// (consistent hashing with bounded loads). A relay over the bound is passed
+// over for new devices and keeps those it has; when every relay is over it,
+// the bound is ignored.
+const Balance = 1.05
+
 // Best returns the index in relays of the relay that should take device,
 // new to the fleet or moving, whose agent is in region ("" for none): the
-// best-ranked available relay with room. It returns -1 when none can.
+// best-ranked available relay with room, passing over relays loaded beyond
+// Balance times the average. It returns -1 when none can.
 func Best(device, region string, relays []Relay) int {
+	if i := best(device, region, relays, loadBound(relays)); i >= 0 {
+		return i
+	}
+	return best(device, region, relays, 0)
+}
+
+// loadBound is the most devices a relay may hold and still take one more:
+// Balance times the average once the new device is placed, rounded down,
+// and at least 1.
+func loadBound(relays []Relay) int {
+	total, n := 0, 0
+	for i := range relays {
+		if relays[i].Available {
+			total += relays[i].Load
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return max(1, int(Balance*float64(total+1)/float64(n)))
+}
+
+// best is Best with relays at or over bound passed over (0: no bound).
+func best(device, region string, relays []Relay, bound int) int {
 	best := -1
 	var bestScore uint64
 	for i := range relays {
 		r := &relays[i]
-		if !r.Available || !r.hasRoom() {
+		if !r.Available || !r.hasRoom() || bound > 0 && r.Load >= bound {
 			continue
 		}
 		s := Score(device, r.ID)

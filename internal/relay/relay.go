@@ -185,7 +185,17 @@ func rewrite(pr *httputil.ProxyRequest) {
 	out.URL.Path = t.Path
 	out.URL.RawPath = t.RawPath
 	out.Host = pr.In.Host
+	if ForwardedFrom(pr.In.Context()) == "" {
+		pr.SetXForwarded()
+		return
+	}
+	// Forwarded by the relay the user reached: keep what that relay saw of
+	// the user, and add that relay as the last hop.
+	out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
 	pr.SetXForwarded()
+	if v := pr.In.Header.Get("X-Forwarded-Proto"); v != "" {
+		out.Header.Set("X-Forwarded-Proto", v)
+	}
 }
 
 // copyBuffers recycles the reverse proxy's copy buffers.
