@@ -6,7 +6,6 @@ import (
 	"testing"
 )
 
-
 func fleet(n int) []Relay {
 	rs := make([]Relay, n)
 	for i := range rs {
