@@ -43,6 +43,7 @@ func (a *Agent) runLongPoll(ctx context.Context) error {
 func (a *Agent) pollLoop(ctx context.Context, wg *sync.WaitGroup) error {
 	bo := backoff.New(backoff.Policy{})
 	relay := 0
+	failedInRow := 0 // relays that failed one after another
 	for ctx.Err() == nil {
 		msg, err := a.poll(ctx, a.cfg.Relays[relay])
 		switch {
@@ -52,17 +53,25 @@ func (a *Agent) pollLoop(ctx context.Context, wg *sync.WaitGroup) error {
 			a.setState("refused", "err", err)
 			return err
 		case errors.Is(err, errNoRequest):
+			failedInRow = 0
 			bo.Up(time.Now())
 			a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolLongPoll)
 			continue
 		case err != nil:
 			a.setState("disconnected", "relay", a.cfg.Relays[relay].Redacted(), "err", err)
 			relay = (relay + 1) % len(a.cfg.Relays)
+			// Another relay is tried at once; only a round of failures
+			// backs off.
+			if failedInRow++; failedInRow < len(a.cfg.Relays) {
+				continue
+			}
+			failedInRow = 0
 			if !sleep(ctx, bo.Next(time.Now())) {
 				return nil
 			}
 			continue
 		}
+		failedInRow = 0
 		bo.Up(time.Now())
 		a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolLongPoll)
 		base := a.cfg.Relays[relay]
@@ -172,6 +181,17 @@ func (a *Agent) backendRequest(ctx context.Context, msg *wire.Request) (*http.Re
 		req.Host = msg.Host
 	}
 	return req, nil
+}
+
+// relaysFrom returns the configured relays, first the one given.
+func (a *Agent) relaysFrom(first *url.URL) []*url.URL {
+	out := []*url.URL{first}
+	for _, r := range a.cfg.Relays {
+		if r != first {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // endpoint builds the URL of an agent endpoint on relay.

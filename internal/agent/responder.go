@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
@@ -25,18 +26,30 @@ type responder struct {
 
 // post sends one chunk. It returns errStop when the relay no longer wants
 // the response (the user went away).
+//
+// A relay that cannot be reached gets the chunk sent through the agent's
+// other relays: a Switchboard relay passes an answer on to the relay that
+// holds its request.
 func (s *responder) post(ctx context.Context, m *wire.Response) error {
 	m.ID = s.id
-	u := s.a.endpoint(s.relay, "/server/response", nil)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(m.Marshal()))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", wire.ContentTypeResponse)
-	s.a.authorize(req)
-	resp, err := s.a.relay.Do(req)
-	if err != nil {
-		return fmt.Errorf("post response chunk: %w", err)
+	body := m.Marshal()
+	var resp *http.Response
+	relays := s.a.relaysFrom(s.relay)
+	for i, relay := range relays {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.a.endpoint(relay, "/server/response", nil), bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", wire.ContentTypeResponse)
+		s.a.authorize(req)
+		resp, err = s.a.relay.Do(req)
+		if err == nil {
+			break
+		}
+		var op *net.OpError
+		if i+1 == len(relays) || ctx.Err() != nil || !errors.As(err, &op) || op.Op != "dial" {
+			return fmt.Errorf("post response chunk: %w", err)
+		}
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {

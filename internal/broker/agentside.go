@@ -45,12 +45,16 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 		b.cfg.OnAttach(device)
 	}
 	b.metrics.pollsWaiting.Inc()
+	released := false // the device was forgotten here: the poll leaves no trace
 	defer func() {
 		b.mu.Lock()
 		d.waiting--
-		d.lastPoll = time.Now()
-		d.agents[instance] = d.lastPoll
-		b.pollEndedLocked(instance, d.lastPoll, ctx.Err() != nil)
+		now := time.Now()
+		if !released {
+			d.lastPoll = now
+			d.agents[instance] = now
+		}
+		b.pollEndedLocked(instance, now, ctx.Err() != nil)
 		b.mu.Unlock()
 		b.metrics.pollsWaiting.Dec()
 	}()
@@ -68,6 +72,7 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 		case <-timer.C:
 			return nil, ErrPollTimeout
 		case <-release:
+			released = true
 			return nil, ErrPollTimeout
 		case <-b.drainCh:
 			return nil, ErrDraining

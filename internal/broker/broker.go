@@ -260,7 +260,7 @@ func (b *Broker) forgetLocked(device string) {
 	if d == nil {
 		return
 	}
-	d.agents = nil
+	clear(d.agents)
 	d.lastPoll = time.Time{}
 	if d.release != nil {
 		close(d.release)
@@ -287,7 +287,13 @@ func (b *Broker) HasAgent(device string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	d := b.devices[device]
-	return d != nil && b.connectedLocked(d, time.Now(), b.cfg.PickupTimeout)
+	return !b.draining && d != nil && b.connectedLocked(d, time.Now(), b.cfg.PickupTimeout)
+}
+
+func (b *Broker) isDraining() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.draining
 }
 
 // Remembers reports whether device had a long-poll agent within the

@@ -1255,3 +1255,42 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 		t.Fatalf("New with bad config: %v, want both problems named", err)
 	}
 }
+
+// TestForgetDeviceDuringPoll forgets a device while its agent's poll waits
+// (the device moved to another relay): the poll ends at once, the broker
+// stays usable, and the next poll counts the agent again.
+func TestForgetDeviceDuringPoll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, testConfig())
+		done := make(chan error, 1)
+		go func() {
+			_, err := f.b.Poll(context.Background(), dev, "", "instance-1")
+			done <- err
+		}()
+		synctest.Wait()
+		if !f.b.HasAgent(dev) {
+			t.Fatal("the polling agent is not counted")
+		}
+		f.b.ForgetDevice(dev)
+		synctest.Wait()
+		select {
+		case err := <-done:
+			if !errors.Is(err, broker.ErrPollTimeout) {
+				t.Fatalf("poll ended with %v, want ErrPollTimeout", err)
+			}
+		default:
+			t.Fatal("the waiting poll did not end")
+		}
+		if f.b.HasAgent(dev) || f.b.Remembers(dev) {
+			t.Error("a forgotten device still counts as having an agent")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go f.b.Poll(ctx, dev, "", "instance-1")
+		synctest.Wait()
+		if !f.b.HasAgent(dev) {
+			t.Error("a new poll after the forget is not counted")
+		}
+		cancel()
+		synctest.Wait()
+	})
+}

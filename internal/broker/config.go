@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,11 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Logger receives the broker's logs; nil discards them.
 	Logger *slog.Logger
+	// IDPrefix, 8 lowercase hex digits or empty, starts the hex part of
+	// every request id this broker makes: the relay's id, so that any relay
+	// of the fleet can send an agent's answer to the relay that holds the
+	// request.
+	IDPrefix string
 	// OnAttach, if set, is called when a device gains a long-poll agent it
 	// did not have (a new agent instance, or the first poll after a quiet
 	// spell). It must not block.
@@ -76,6 +82,9 @@ func (c *Config) Complete() {
 
 // Validate rejects settings that cannot work.
 func (c *Config) Validate() error {
+	if len(c.IDPrefix) != 0 && len(c.IDPrefix) != 8 || strings.Trim(c.IDPrefix, "0123456789abcdef") != "" {
+		return fmt.Errorf("broker: IDPrefix %q must be 8 lowercase hex digits or empty", c.IDPrefix)
+	}
 	var errs []error
 	positive := func(name string, ok bool) {
 		if !ok {

@@ -116,8 +116,12 @@ func (ex *Exchange) finish() {
 // Errors that users should see as a status are *Error values.
 func (b *Broker) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
+	// Refused before the body is read, so that a router may send it elsewhere.
+	if b.isDraining() {
+		b.metrics.outcome(drainingError())
+		return nil, drainingError()
+	}
 	if !b.Remembers(device) {
-		// Before the body is read, so that a router may send it elsewhere.
 		b.metrics.outcome(noAgentError(device))
 		return nil, noAgentError(device)
 	}
@@ -151,7 +155,7 @@ func (b *Broker) RoundTrip(req *http.Request) (*http.Response, error) {
 // restoreBody gives req its body back when err says that no agent took the
 // request, so that a router can send it elsewhere.
 func restoreBody(req *http.Request, body []byte, err error) {
-	if !errors.Is(err, ErrNoAgent) || errors.Is(err, ErrPickup) {
+	if !(errors.Is(err, ErrNoAgent) || errors.Is(err, ErrDraining)) || errors.Is(err, ErrPickup) {
 		return
 	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
@@ -203,7 +207,7 @@ func tooLargeError(limit int64) error {
 // enqueue registers a new exchange for device and puts it in the device's queue.
 func (b *Broker) enqueue(req *http.Request, device string, body []byte) (*Exchange, *device, error) {
 	ex := &Exchange{
-		ID:       newID(device),
+		ID:       b.newID(device),
 		Device:   device,
 		ctx:      req.Context(),
 		chunks:   make(chan *wire.Response),
@@ -314,7 +318,11 @@ func (b *Broker) awaitFirst(ex *Exchange, d *device) (*wire.Response, error) {
 			ex.expire()
 			return nil, ex.ctx.Err()
 		case <-b.closeCh:
-			return nil, drainingError()
+			if ex.expire() {
+				return nil, drainingError()
+			}
+			// An agent may have it: not something to send elsewhere again.
+			return nil, &Error{Status: http.StatusServiceUnavailable, Message: "this relay stopped while the request was in flight"}
 		}
 	}
 }
@@ -490,10 +498,14 @@ func (ub *upgradedBody) CloseWrite() error {
 }
 
 // newID returns a fresh request id for device.
-func newID(device string) string {
-	var b [16]byte
-	rand.Read(b[:])
-	return device + ":" + hex.EncodeToString(b[:])
+// newID returns "<device>:<32 hex>". The hex starts with the broker's
+// IDPrefix, when set, so that any relay can tell which relay a request id
+// belongs to; the rest is random.
+func (b *Broker) newID(device string) string {
+	var r [16]byte
+	rand.Read(r[:])
+	h := hex.EncodeToString(r[:])
+	return device + ":" + b.cfg.IDPrefix + h[len(b.cfg.IDPrefix):]
 }
 
 // wireURL renders req's target as the protocol wants it: http://invalid<path>?<query>#<fragment>.

@@ -45,7 +45,7 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.pending, "num-pending-requests", 1, "concurrent polls")
 	fs.BoolVar(&f.disableHTTP2, "disable-http2", false, "never use HTTP/2 to the backend")
 	fs.DurationVar(&f.liveness.Interval, "ping-interval", 400*time.Millisecond, "native tunnel: ping the relay after this `long` without hearing from it")
-	fs.DurationVar(&f.liveness.Timeout, "ping-timeout", time.Second, "native tunnel: give the relay up when a ping gets no answer this `long`")
+	fs.DurationVar(&f.liveness.Timeout, "ping-timeout", 800*time.Millisecond, "native tunnel: give the relay up when a ping gets no answer this `long`")
 
 	// The reference agent's flag names.
 	fs.StringVar(&f.relayScheme, "relay_scheme", "https", "reference name: scheme of --relay_address")

@@ -35,7 +35,7 @@ const ctlUsage = `usage: switchboard ctl [--admin URL] [--token-file PATH] [-o t
 
 commands:
   relays list           list the relays of the fleet, fresh or not
-  relays drain ID       stop a relay taking new devices; its agents move as they reconnect
+  relays drain ID       hold a relay out of routing: its devices move to the others, nothing is cut
   relays undrain ID     let a drained relay take devices again
   devices list          list the devices in the directory and the relays holding them
   devices show NAME     show one device and its relay
@@ -49,6 +49,11 @@ commands:
   events [--limit N] [--follow]
                         show the fleet's last events; --follow prints new ones until Ctrl-C
   status                summarise the fleet as the relay at --admin sees it
+  roll --update-cmd CMD [--expect-version V]
+                        update every relay, one at a time, each held out of routing
+                        until it is empty, updated and back; resumable
+  roll enable|disable   allow or forbid rolling updates for the fleet (off at first)
+  roll status           show whether rolls are allowed and the roll in progress
 
 --device takes names or globs such as robot-*, repeated or comma-separated.
 The global flags may also follow the command. -o json output is stable; see
@@ -58,7 +63,7 @@ flags:
 `
 
 // ctlCommands are the ctl commands this build has.
-const ctlCommands = "relays, devices, tokens, events, status"
+const ctlCommands = "relays, devices, tokens, events, status, roll"
 
 // ctlGlobals are the flags every ctl command takes.
 type ctlGlobals struct {
@@ -147,7 +152,7 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	case "status":
 		return runStatus(ctx, g, rest[1:], stdout, stderr)
 	case "roll":
-		return usageErrorf("ctl %s: not available in this build yet; available: %s", rest[0], ctlCommands)
+		return runRoll(ctx, g, rest[1:], stdout, stderr)
 	default:
 		return usageErrorf("ctl: unknown command %q; available: %s", rest[0], ctlCommands)
 	}

@@ -54,7 +54,8 @@ func TestCtlFleetArgumentErrors(t *testing.T) {
 		{[]string{"events", "--limit", "many"}, `invalid value "many" for flag -limit: parse error`},
 		{[]string{"events", "all"}, `switchboard ctl events: unexpected argument "all"`},
 		{[]string{"status", "--verbose"}, "flag provided but not defined: -verbose"},
-		{[]string{"roll"}, "ctl roll: not available in this build yet; available: relays, devices, tokens, events, status"},
+		{[]string{"roll"}, "ctl roll: give --update-cmd, the command that updates one relay (see docs/operations.md)"},
+		{[]string{"roll", "enable", "extra"}, `switchboard ctl roll: unexpected argument "extra"`},
 		{[]string{"relays", "list", "-o", "yaml"}, `-o "yaml": use table or json`},
 	}
 	for _, tt := range tests {
@@ -162,6 +163,11 @@ func (f *fakeFleet) FollowEvents(ctx context.Context, fn func(fleet.Event) error
 	}
 }
 
+func (f *fakeFleet) RollEnabled(context.Context) (bool, error)          { return false, nil }
+func (f *fakeFleet) SetRollEnabled(context.Context, bool) error         { return nil }
+func (f *fakeFleet) Roll(context.Context) (*fleet.RollState, error)     { return nil, nil }
+func (f *fakeFleet) SaveRoll(context.Context, fleet.RollState) error    { return nil }
+func (f *fakeFleet) ClearRoll(context.Context) error                    { return nil }
 func (f *fakeFleet) CancelDevice(context.Context, string, string) error { return nil }
 
 func (f *fakeFleet) Status() fleet.Status {

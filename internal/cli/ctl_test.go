@@ -162,7 +162,7 @@ func TestCtlUsageErrors(t *testing.T) {
 	}{
 		{"no command", nil, "tokens"},
 		{"unknown command", []string{"frobnicate"}, "tokens"},
-		{"not in this build", []string{"roll"}, "tokens"},
+		{"roll without an update step", []string{"roll"}, "--update-cmd"},
 		{"tokens without command", []string{"tokens"}, "create, list or revoke"},
 		{"tokens unknown", []string{"tokens", "rotate"}, "create, list or revoke"},
 		{"create without scope", []string{"tokens", "create"}, "--device"},
@@ -226,8 +226,8 @@ func TestCtlExitCodes(t *testing.T) {
 	if code, stderr := run("tokens", "list"); code != ExitOK {
 		t.Fatalf("list: exit %d, stderr %s", code, stderr)
 	}
-	if code, stderr := run("roll"); code != ExitUsage || !strings.Contains(stderr, "tokens") {
-		t.Fatalf("roll: exit %d, stderr %q; want %d naming tokens", code, stderr, ExitUsage)
+	if code, stderr := run("roll"); code != ExitUsage || !strings.Contains(stderr, "--update-cmd") {
+		t.Fatalf("roll: exit %d, stderr %q; want %d naming --update-cmd", code, stderr, ExitUsage)
 	}
 	if code, stderr := run("tokens", "revoke", "0badc0de"); code != ExitFailure || !strings.Contains(stderr, "404") {
 		t.Fatalf("revoke unknown: exit %d, stderr %q; want %d with the status", code, stderr, ExitFailure)

@@ -101,6 +101,11 @@ func (f *fakeFleet) FollowEvents(ctx context.Context, _ func(fleet.Event) error)
 	return ctx.Err()
 }
 
+func (f *fakeFleet) RollEnabled(context.Context) (bool, error)          { return false, nil }
+func (f *fakeFleet) SetRollEnabled(context.Context, bool) error         { return nil }
+func (f *fakeFleet) Roll(context.Context) (*fleet.RollState, error)     { return nil, nil }
+func (f *fakeFleet) SaveRoll(context.Context, fleet.RollState) error    { return nil }
+func (f *fakeFleet) ClearRoll(context.Context) error                    { return nil }
 func (f *fakeFleet) CancelDevice(context.Context, string, string) error { return nil }
 
 func (f *fakeFleet) Status() fleet.Status {

@@ -225,3 +225,25 @@ func (c *Client) Status(ctx context.Context) (fleet.Status, error) {
 	err := c.do(ctx, http.MethodGet, PathStatus, nil, http.StatusOK, &out)
 	return out, err
 }
+
+// RollInfo returns whether rolling is enabled and the roll in progress.
+func (c *Client) RollInfo(ctx context.Context) (RollInfo, error) {
+	var out RollInfo
+	err := c.do(ctx, http.MethodGet, PathRoll, nil, http.StatusOK, &out)
+	return out, err
+}
+
+// SetRollEnabled allows or forbids rolling updates for the fleet.
+func (c *Client) SetRollEnabled(ctx context.Context, on bool) error {
+	return c.do(ctx, http.MethodPut, PathRoll+"/enabled", RollSwitch{Enabled: on}, http.StatusOK, nil)
+}
+
+// SaveRoll records the roll in progress.
+func (c *Client) SaveRoll(ctx context.Context, s fleet.RollState) error {
+	return c.do(ctx, http.MethodPut, PathRoll+"/state", s, http.StatusNoContent, nil)
+}
+
+// ClearRoll forgets the roll in progress.
+func (c *Client) ClearRoll(ctx context.Context) error {
+	return c.do(ctx, http.MethodDelete, PathRoll+"/state", nil, http.StatusNoContent, nil)
+}

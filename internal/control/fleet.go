@@ -18,6 +18,7 @@ const (
 	PathDevices = "/api/v1/devices" // GET; /{name}; POST /{name}/cancel
 	PathEvents  = "/api/v1/events"  // GET ?limit=N; ?follow=1 streams NDJSON
 	PathStatus  = "/api/v1/status"  // GET
+	PathRoll    = "/api/v1/roll"    // GET; PUT /enabled; PUT, DELETE /state
 )
 
 // DefaultEventsLimit is how many events GET /api/v1/events returns by default.
@@ -35,6 +36,24 @@ type Fleet interface {
 	FollowEvents(ctx context.Context, fn func(fleet.Event) error) error
 	Status() fleet.Status
 	CancelDevice(ctx context.Context, device, reason string) error
+	RollEnabled(ctx context.Context) (bool, error)
+	SetRollEnabled(ctx context.Context, on bool) error
+	Roll(ctx context.Context) (*fleet.RollState, error)
+	SaveRoll(ctx context.Context, s fleet.RollState) error
+	ClearRoll(ctx context.Context) error
+}
+
+// RollInfo answers GET /api/v1/roll.
+type RollInfo struct {
+	// Enabled says whether the fleet's owner allows rolling updates.
+	Enabled bool `json:"enabled"`
+	// State is the roll in progress; null when there is none.
+	State *fleet.RollState `json:"state"`
+}
+
+// RollSwitch is the body of PUT /api/v1/roll/enabled.
+type RollSwitch struct {
+	Enabled bool `json:"enabled"`
 }
 
 // CancelAnswer answers POST /api/v1/devices/{name}/cancel.
@@ -67,6 +86,10 @@ func (h *handler) routeFleet(mux *http.ServeMux) {
 	mux.Handle("POST "+PathDevices+"/{name}/cancel", h.admin(h.fleetOnly(h.cancelDevice)))
 	mux.Handle("GET "+PathEvents, h.admin(h.fleetOnly(h.listEvents)))
 	mux.Handle("GET "+PathStatus, h.admin(h.fleetOnly(h.status)))
+	mux.Handle("GET "+PathRoll, h.admin(h.fleetOnly(h.getRoll)))
+	mux.Handle("PUT "+PathRoll+"/enabled", h.admin(h.fleetOnly(h.setRollEnabled)))
+	mux.Handle("PUT "+PathRoll+"/state", h.admin(h.fleetOnly(h.saveRoll)))
+	mux.Handle("DELETE "+PathRoll+"/state", h.admin(h.fleetOnly(h.clearRoll)))
 }
 
 // fleetOnly answers 503 when the relay has no fleet state.
@@ -203,6 +226,58 @@ func (h *handler) followEvents(w http.ResponseWriter, r *http.Request) {
 	if err != nil && r.Context().Err() == nil {
 		h.log.Debug("following events ended", attrError, err)
 	}
+}
+
+func (h *handler) getRoll(w http.ResponseWriter, r *http.Request) {
+	on, err := h.cfg.Fleet.RollEnabled(r.Context())
+	if err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	st, err := h.cfg.Fleet.Roll(r.Context())
+	if err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, RollInfo{Enabled: on, State: st})
+}
+
+func (h *handler) setRollEnabled(w http.ResponseWriter, r *http.Request) {
+	var req RollSwitch
+	if err := decodeJSON(w, r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := h.cfg.Fleet.SetRollEnabled(r.Context(), req.Enabled); err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, req)
+}
+
+func (h *handler) saveRoll(w http.ResponseWriter, r *http.Request) {
+	var s fleet.RollState
+	if err := decodeJSON(w, r, &s); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if len(s.Order) == 0 || len(s.Order) > 1000 {
+		writeError(w, http.StatusBadRequest, `a roll names 1 to 1000 relays in "order"`)
+		return
+	}
+	if err := h.cfg.Fleet.SaveRoll(r.Context(), s); err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handler) clearRoll(w http.ResponseWriter, r *http.Request) {
+	if err := h.cfg.Fleet.ClearRoll(r.Context()); err != nil {
+		writeFleetError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (h *handler) status(w http.ResponseWriter, _ *http.Request) {

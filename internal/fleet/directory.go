@@ -15,17 +15,18 @@ type Presence struct {
 
 // attachResult says what an attach changed.
 type attachResult struct {
-	written bool   // the entry was written
-	moved   bool   // the device was recorded on another relay before
-	from    string // that relay
-	isNew   bool   // the device had no entry, or was detached
+	entry   Attachment // the entry as written, or as found when unchanged
+	written bool       // the entry was written
+	moved   bool       // the device was recorded on another relay before
+	from    string     // that relay
+	isNew   bool       // the device had no entry, or was detached
 }
 
 // attach records that relayID holds device. attached_at changes only when
 // the device moves to another relay (or had no entry).
 func attach(ctx context.Context, kv jetstream.KeyValue, relayID, device string, p Presence) (attachResult, error) {
 	var res attachResult
-	_, err := update(ctx, kv, deviceKey(device), func(cur Attachment, found bool) (Attachment, bool, error) {
+	entry, err := update(ctx, kv, deviceKey(device), func(cur Attachment, found bool) (Attachment, bool, error) {
 		res = attachResult{written: true}
 		t := now()
 		switch {
@@ -47,6 +48,7 @@ func attach(ctx context.Context, kv jetstream.KeyValue, relayID, device string, 
 	if err != nil {
 		return attachResult{}, fmt.Errorf("attach %s: %w", device, err)
 	}
+	res.entry = entry
 	return res, nil
 }
 

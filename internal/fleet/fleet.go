@@ -45,6 +45,7 @@ type Relay struct {
 	Draining   bool      `json:"draining"`
 	Stopping   bool      `json:"stopping"` // shutting down; reported, not sticky
 	EnrolledAt time.Time `json:"enrolled_at"`
+	StartedAt  time.Time `json:"started_at"`   // when the relay process started
 	LastSeenAt time.Time `json:"last_seen_at"` // the last heartbeat
 	// ForwardSessions counts the devices this relay holds agents for: each is
 	// a session the relay forwards users to. MaxForward is its ceiling,

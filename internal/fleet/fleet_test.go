@@ -623,3 +623,59 @@ func TestFollowEvents(t *testing.T) {
 		t.Errorf("FollowEvents = %v", err)
 	}
 }
+
+// TestDrainAndVetoAreSeparate: placement leaves out draining relays and
+// vetoed ones; a veto that clears leaves the drain in place.
+func TestDrainAndVetoAreSeparate(t *testing.T) {
+	f := newTestFleet(t)
+	a, b, c := f.join(), f.join(), f.join()
+	if err := a.m.SetRelayDraining(testContext(t), b.m.ID(), true); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() error {
+		if r, _ := relayOf(a.m, b.m.ID()); !r.Draining {
+			return errors.New("drain not seen yet")
+		}
+		return nil
+	})
+	var mu sync.Mutex
+	vetoC := true
+	vetoed := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return vetoC && id == c.m.ID()
+	}
+	placed := func() map[string]int {
+		out := map[string]int{}
+		for i := range 200 {
+			t, ok := a.m.Holder(fmt.Sprintf("new-%d", i), "", vetoed, "")
+			if ok {
+				out[t.ID]++
+			}
+		}
+		return out
+	}
+	if got := placed(); got[a.m.ID()] != 200 {
+		t.Fatalf("with b draining and c vetoed, placement = %v, want everything on a", got)
+	}
+	mu.Lock()
+	vetoC = false // a probe answered
+	mu.Unlock()
+	got := placed()
+	if got[b.m.ID()] != 0 || got[c.m.ID()] == 0 {
+		t.Fatalf("after the veto cleared, placement = %v: c must take devices again, b (draining) none", got)
+	}
+	// Users still reach a draining relay that holds their device's agents.
+	b.local.set("held", Presence{Agents: 1, Protocol: "native"})
+	b.m.Changed()
+	eventually(t, 5*time.Second, func() error {
+		tg, ok := a.m.Route("held", "", nil, "")
+		if !ok || tg.ID != b.m.ID() {
+			return fmt.Errorf("route = %+v", tg)
+		}
+		return nil
+	})
+	if tg, _ := a.m.Holder("held", "", nil, ""); tg.ID == b.m.ID() {
+		t.Error("a draining relay was chosen to place a device's new agent")
+	}
+}

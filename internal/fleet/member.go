@@ -31,12 +31,15 @@ type Member struct {
 	relaysKV jetstream.KeyValue
 	devsKV   jetstream.KeyValue
 	leaseKV  jetstream.KeyValue
+	fleetKV  jetstream.KeyValue
 	relays   *mirror[Relay]
 	devices  *mirror[Attachment]
 	events   *eventLog
 
 	loads       relayLoads    // devices attached per relay, from the directory
 	kick        chan struct{} // asks for a reconcile of the attachments
+	beatNow     chan struct{} // asks for a heartbeat now
+	started     time.Time     // when this member opened: the relay's start
 	cancelSub   *nats.Subscription
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
@@ -48,6 +51,7 @@ type Member struct {
 	mu        sync.Mutex           // guards published; held by the reconcile loop
 	published map[string]Presence  // what this relay last wrote per device
 	movedAway map[string]bool      // devices another relay took while agents remained here
+	wroteAt   map[string]time.Time // the updated_at of this relay's last write per device
 	lostSince map[string]time.Time // when an arriving agent lost its previous relay
 	stopping  bool                 // the shutdown was announced
 	hk        housekeeping         // used by the lease holder's loop only
@@ -66,15 +70,18 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		log:       cfg.Logger.With("component", "fleet", "relay_id", cfg.RelayID),
 		st:        st,
 		kick:      make(chan struct{}, 1),
+		beatNow:   make(chan struct{}, 1),
+		started:   now(),
 		published: map[string]Presence{},
 		movedAway: map[string]bool{},
+		wroteAt:   map[string]time.Time{},
 		lostSince: map[string]time.Time{},
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
 		return nil, err
 	}
-	m.relaysKV, m.devsKV, m.leaseKV = s.relays, s.devices, s.leases
+	m.relaysKV, m.devsKV, m.leaseKV, m.fleetKV = s.relays, s.devices, s.leases, s.fleet
 	stream := s.events
 	m.events = newEventLog(st.JetStream(), stream, m.log)
 	m.relays = newMirror[Relay](m.relaysKV, m.log, cfg.OnChange)
@@ -118,8 +125,8 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 
 // state is the handles of the fleet's buckets and stream.
 type state struct {
-	relays, devices, leases jetstream.KeyValue
-	events                  jetstream.Stream
+	relays, devices, leases, fleet jetstream.KeyValue
+	events                         jetstream.Stream
 }
 
 // ensureState creates the buckets and the event stream, or checks that they
@@ -135,6 +142,9 @@ func ensureState(ctx context.Context, st *store.Store) (state, error) {
 		return s, err
 	}
 	if s.leases, err = st.KeyValue(ctx, BucketLeases); err != nil {
+		return s, err
+	}
+	if s.fleet, err = st.KeyValue(ctx, BucketFleet); err != nil {
 		return s, err
 	}
 	s.events, err = st.Stream(ctx, eventsConfig())
@@ -217,6 +227,15 @@ func (m *Member) NoteLost(device string, lostFor time.Duration) {
 	}
 }
 
+// BeatNow asks for a heartbeat at once, to announce a change such as a
+// shutdown without waiting for the next interval. It never blocks.
+func (m *Member) BeatNow() {
+	select {
+	case m.beatNow <- struct{}{}:
+	default:
+	}
+}
+
 // Record adds an event to the fleet's event log.
 func (m *Member) Record(e Event) {
 	e.By = m.cfg.RelayID
@@ -231,6 +250,7 @@ func (m *Member) beatLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-m.beatNow:
 		}
 		err := m.beat(ctx)
 		if err != nil && ctx.Err() == nil && m.st.Connected() {
@@ -263,7 +283,7 @@ func (m *Member) beat(ctx context.Context) error {
 		Hostname: m.cfg.Hostname, Region: m.cfg.Region, Addresses: m.cfg.Addresses,
 		Version: m.cfg.Version, Healthy: local.Healthy(), Stopping: stopping,
 		ForwardSessions: len(local.Presence()), MaxForward: m.cfg.MaxForward,
-		AgentSessions: local.AgentSessions(),
+		AgentSessions: local.AgentSessions(), StartedAt: m.started,
 	}, m.cfg.BeatInterval)
 	if err != nil {
 		return err
@@ -323,8 +343,9 @@ func (m *Member) reconcile(ctx context.Context) error {
 			m.published[dev] = p
 			continue
 		}
-		if inDir && entry.RelayID != m.cfg.RelayID && published && pub == p {
-			// Another relay took the device since this one wrote it: drop
+		if inDir && entry.RelayID != m.cfg.RelayID && published && pub == p && !entry.UpdatedAt.Before(m.wroteAt[dev]) {
+			// Another relay took the device since this one wrote it (an
+			// older entry is only this mirror lagging behind): drop
 			// what is left here (split affinity), once; the cancel
 			// message usually did already.
 			if !m.movedAway[dev] {
@@ -352,6 +373,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 		}
 		delete(m.published, dev)
 		delete(m.movedAway, dev)
+		delete(m.wroteAt, dev)
 		if done {
 			m.Record(Event{Type: EventDeviceDetached, Device: dev, RelayID: m.cfg.RelayID,
 				Message: fmt.Sprintf("device %s: its last agent left relay %s", dev, m.cfg.RelayID)})
@@ -367,6 +389,7 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence) error {
 	if err != nil {
 		return err
 	}
+	m.wroteAt[dev] = res.entry.UpdatedAt
 	took := time.Duration(0)
 	if since, ok := m.lostSince[dev]; ok {
 		delete(m.lostSince, dev)

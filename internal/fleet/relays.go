@@ -70,6 +70,7 @@ type Report struct {
 	ForwardSessions int
 	MaxForward      int
 	AgentSessions   int
+	StartedAt       time.Time // when the relay process started
 }
 
 // BeatAnswer is what a heartbeat learns back.
@@ -92,7 +93,7 @@ func beat(ctx context.Context, kv jetstream.KeyValue, id string, r Report, inter
 			ID: id, Hostname: r.Hostname, Region: r.Region, Addresses: nonNil(r.Addresses),
 			Version: r.Version, Healthy: r.Healthy,
 			Draining: cur.Draining || r.Draining, Stopping: r.Stopping,
-			EnrolledAt: cur.EnrolledAt, LastSeenAt: t,
+			EnrolledAt: cur.EnrolledAt, StartedAt: r.StartedAt, LastSeenAt: t,
 			ForwardSessions: r.ForwardSessions, MaxForward: r.MaxForward,
 			AgentSessions: r.AgentSessions, BeatIntervalMS: interval.Milliseconds(),
 		}

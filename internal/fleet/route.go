@@ -22,6 +22,18 @@ type Target struct {
 // scratch recycles the candidate slices of Holder.
 var scratch = sync.Pool{New: func() any { s := make([]ranking.Relay, 0, 16); return &s }}
 
+// RelayByIDHex returns the relay whose id is "rl-" and hex8.
+func (m *Member) RelayByIDHex(hex8 string) (Target, bool) {
+	if len(hex8) != 8 {
+		return Target{}, false
+	}
+	r, ok := m.relays.get("rl-" + hex8)
+	if !ok {
+		return Target{}, false
+	}
+	return m.target(r), true
+}
+
 // Known reports whether the directory has an entry for device: it had an
 // agent somewhere in the fleet, and has not been reaped.
 func (m *Member) Known(device string) bool {
@@ -65,9 +77,12 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 	sp := scratch.Get().(*[]ranking.Relay)
 	defer scratch.Put(sp)
 	cands := (*sp)[:0]
+	// This relay knows its own drain or shutdown before its mirror does.
+	selfOut := m.shouldDrain.Load() || m.cfg.Local.Stopping()
 	m.relays.mu.RLock()
 	for _, r := range m.relays.items {
-		avail := m.fresh(r, now) && r.Healthy && !r.Draining && !r.Stopping && r.ID != exclude
+		avail := m.fresh(r, now) && r.Healthy && !r.Draining && !r.Stopping && r.ID != exclude &&
+			!(selfOut && r.ID == m.cfg.RelayID)
 		if avail && vetoed != nil && vetoed(r.ID) {
 			avail = false
 		}

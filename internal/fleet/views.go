@@ -22,6 +22,7 @@ type RelayStatus struct {
 	Stopping        bool      `json:"stopping"`
 	LastSeenAt      time.Time `json:"last_seen_at"`
 	EnrolledAt      time.Time `json:"enrolled_at"`
+	StartedAt       time.Time `json:"started_at"`
 	ForwardSessions int       `json:"forward_sessions"`
 	MaxForward      int       `json:"max_forward"`
 	AgentSessions   int       `json:"agent_sessions"`
@@ -79,7 +80,7 @@ func (m *Member) relayStatus(r Relay, t time.Time, attached int) RelayStatus {
 	return RelayStatus{
 		ID: r.ID, Hostname: r.Hostname, Region: r.Region, Addresses: nonNil(r.Addresses),
 		Version: r.Version, Healthy: r.Healthy, Fresh: m.fresh(r, t), Draining: r.Draining, Stopping: r.Stopping,
-		LastSeenAt: r.LastSeenAt, EnrolledAt: r.EnrolledAt,
+		LastSeenAt: r.LastSeenAt, EnrolledAt: r.EnrolledAt, StartedAt: r.StartedAt,
 		ForwardSessions: r.ForwardSessions, MaxForward: r.MaxForward,
 		AgentSessions: r.AgentSessions, AttachedDevices: attached,
 	}

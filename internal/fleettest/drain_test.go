@@ -1,11 +1,8 @@
 package fleettest
 
 import (
+	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +28,7 @@ func TestOperatorDrainMovesOnlyItsDevices(t *testing.T) {
 		if i%4 == 3 {
 			proto = agent.ProtocolLongPoll
 		}
-		StartAgent(t, h, d, b.URL, tok, protocol(proto))
+		StartAgent(t, h, d, b.URL, tok, protocol(proto), knowsAll(t, relays))
 	}
 	before := map[string]string{}
 	Eventually(t, 10*time.Second, func() error {
@@ -47,38 +44,7 @@ func TestOperatorDrainMovesOnlyItsDevices(t *testing.T) {
 	// Drain the relay that holds dev-0.
 	drained := before["dev-0"]
 
-	var attempted, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	c := NewClient(t, true)
-	for w := range 4 {
-		wg.Go(func() {
-			for i := w; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				entry := relays[i%len(relays)]
-				req, _ := http.NewRequest(http.MethodGet, entry.URL+"/client/"+devices[i%len(devices)]+"/echo/x", nil)
-				req.Header.Set("Authorization", "Bearer "+user)
-				attempted.Add(1)
-				resp, err := c.Do(req)
-				if err == nil {
-					body, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("%s via %s: %s", resp.Status, entry.Node.Fleet().ID(), body)
-					}
-				}
-				if err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-				}
-			}
-		})
-	}
+	load := startLoad(t, 4, user, devices, func(i int) *Relay { return relays[i%len(relays)] })
 	if err := relays[1].Node.Fleet().SetRelayDraining(t.Context(), drained, true); err != nil {
 		t.Fatal(err)
 	}
@@ -94,16 +60,76 @@ func TestOperatorDrainMovesOnlyItsDevices(t *testing.T) {
 		}
 		return nil
 	})
-	close(stop)
-	wg.Wait()
+	load.check(t)
 	for _, d := range devices {
 		e, _ := relays[0].Node.Fleet().Device(d)
 		if before[d] != drained && e.RelayID != before[d] {
 			t.Errorf("%s moved from %s to %s, but only the drained relay's devices may move", d, before[d], e.RelayID)
 		}
 	}
-	t.Logf("%d requests, %d failed", attempted.Load(), failed.Load())
-	if failed.Load() != 0 {
-		t.Errorf("%d of %d requests failed during the drain; first: %v", failed.Load(), attempted.Load(), firstErr.Load())
+}
+
+// TestShutdownMovesDevicesWithoutFailures stops one relay of three as on
+// SIGTERM, under load through the relays that are ready: its devices move to
+// the others, no request fails, and the relay stops well before its
+// deadline.
+func TestShutdownMovesDevicesWithoutFailures(t *testing.T) {
+	relays := StartFleet(t, 3, func(c *node.Config) { c.DrainSpread = 300 * time.Millisecond })
+	b := newBackend(t, "b")
+	tok := FleetToken(t, relays, auth.KindAgent, "", "dev-*")
+	user := FleetToken(t, relays, auth.KindUser, "u", "dev-*")
+	var devices []string
+	for i := range 9 {
+		d := fmt.Sprintf("dev-%d", i)
+		devices = append(devices, d)
+		h, _ := HolderFor(t, relays, d)
+		proto := agent.ProtocolNative
+		if i%3 == 2 {
+			proto = agent.ProtocolLongPoll
+		}
+		StartAgent(t, h, d, b.URL, tok, protocol(proto), knowsAll(t, relays))
 	}
+	before := map[string]string{}
+	Eventually(t, 10*time.Second, func() error {
+		for _, d := range devices {
+			e, err := relays[0].Node.Fleet().Device(d)
+			if err != nil || e.Agents == 0 {
+				return fmt.Errorf("%s not attached yet", d)
+			}
+			before[d] = e.RelayID
+		}
+		return nil
+	})
+	victim := relays[0]
+	for _, r := range relays {
+		if r.Node.Fleet().ID() == before["dev-0"] {
+			victim = r
+		}
+	}
+
+	load := startLoad(t, 3, user, devices, func(i int) *Relay {
+		if r := relays[i%len(relays)]; r.Node.Ready() {
+			return r
+		}
+		return nil // the balancer's health check took it out
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := victim.Node.Shutdown(ctx)
+	took := time.Since(start)
+	Eventually(t, 10*time.Second, func() error {
+		for _, d := range devices {
+			e, err := relays[0].Node.Fleet().Device(d)
+			if err != nil || e.RelayID == victim.Node.Fleet().ID() || e.Agents == 0 {
+				return fmt.Errorf("%s not moved yet", d)
+			}
+		}
+		return nil
+	})
+	load.check(t)
+	if err != nil {
+		t.Errorf("Shutdown = %v after %s, want nil before the deadline", err, took)
+	}
+	t.Logf("stopped in %s", took)
 }

@@ -34,11 +34,12 @@ type Config struct {
 	// MaxChunkBytes caps one posted HttpResponse message. Default 16 MiB
 	// (the reference agent posts at most 1 MiB of body per chunk).
 	MaxChunkBytes int
-	// Route, if set, says where an agent's call for device belongs: nil
-	// serves it here, else the returned handler takes it (forwarding it to
-	// the relay that holds the device). It runs after the agent's
+	// Route, if set, says where an agent's call for device belongs — a poll
+	// (requestID "") or an answer for the request requestID: nil serves it
+	// here, else the returned handler takes it (forwarding it to the relay
+	// that holds the device or the request). It runs after the agent's
 	// credential was checked.
-	Route func(r *http.Request, device string) http.Handler
+	Route func(r *http.Request, device, requestID string) http.Handler
 	// Logger receives the handler's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -97,7 +98,7 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if h.routed(w, r, device) {
+	if h.routed(w, r, device, "") {
 		return
 	}
 	ex, err := h.cfg.Broker.Poll(r.Context(), device, agentID, r.Header.Get(wire.InstanceHeader))
@@ -146,7 +147,7 @@ func (h *Handler) response(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	// A request in flight here is answered here, wherever its device went.
-	if !h.cfg.Broker.Knows(msg.ID) && h.routed(w, r, device) {
+	if !h.cfg.Broker.Knows(msg.ID) && h.routed(w, r, device, msg.ID) {
 		return
 	}
 	if err := h.cfg.Broker.Deliver(r.Context(), agentID, msg); err != nil {
@@ -174,7 +175,7 @@ func (h *Handler) requestStream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if !h.cfg.Broker.Knows(id) && h.routed(w, r, device) {
+	if !h.cfg.Broker.Knows(id) && h.routed(w, r, device, id) {
 		return
 	}
 	p, err := h.cfg.Broker.NextUpstream(r.Context(), agentID, id)
@@ -188,11 +189,11 @@ func (h *Handler) requestStream(w http.ResponseWriter, r *http.Request) {
 
 // routed hands r to the handler Route names, if any, and reports whether
 // it did.
-func (h *Handler) routed(w http.ResponseWriter, r *http.Request, device string) bool {
+func (h *Handler) routed(w http.ResponseWriter, r *http.Request, device, requestID string) bool {
 	if h.cfg.Route == nil {
 		return false
 	}
-	next := h.cfg.Route(r, device)
+	next := h.cfg.Route(r, device, requestID)
 	if next == nil {
 		return false
 	}

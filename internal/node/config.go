@@ -64,6 +64,10 @@ type Config struct {
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration
+	// ShutdownDelay is how long a shutting-down relay keeps its public
+	// listener open at least after /readyz turned false, so that load
+	// balancers stop sending before it closes. Default 1 s.
+	ShutdownDelay time.Duration
 	// DrainSpread is the window over which a drained relay asks its native
 	// agents to move, so that the other relays are not stormed. Default 5 s.
 	DrainSpread time.Duration
@@ -98,6 +102,9 @@ func (c *Config) Complete() {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 25 * time.Second
+	}
+	if c.ShutdownDelay <= 0 {
+		c.ShutdownDelay = time.Second
 	}
 	if c.DrainSpread <= 0 {
 		c.DrainSpread = 5 * time.Second

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -45,19 +46,26 @@ func (l local) AgentSessions() int {
 func (l local) Healthy() bool  { return l.n.healthy.Load() }
 func (l local) Stopping() bool { return l.n.stopping.Load() }
 
-// openFleet enrols the relay (its id is kept in the data dir) and starts its
-// fleet member.
-func (n *Node) openFleet(ctx context.Context) error {
+// loadRelayID reads the relay's id from the data dir, minting it on first
+// start.
+func (n *Node) loadRelayID() error {
 	id, created, err := fleet.LoadOrCreateRelayID(n.cfg.DataDir)
 	if err != nil {
 		return err
 	}
 	if created {
-		n.log.Info("minted a relay id", "relay_id", id, "path", n.cfg.DataDir+"/"+fleet.RelayIDFile)
+		n.log.Info("minted a relay id", "relay_id", id, "path", filepath.Join(n.cfg.DataDir, fleet.RelayIDFile))
 	}
+	n.relayID = id
+	return nil
+}
+
+// openFleet enrols the relay and starts its fleet member.
+func (n *Node) openFleet(ctx context.Context) error {
+	var err error
 	host, _ := os.Hostname()
 	fc := n.cfg.Fleet
-	fc.RelayID, fc.Hostname, fc.Region, fc.Version = id, host, n.cfg.Region, n.cfg.Version
+	fc.RelayID, fc.Hostname, fc.Region, fc.Version = n.relayID, host, n.cfg.Region, n.cfg.Version
 	fc.Addresses = []string{n.advertise(host)}
 	fc.Local = local{n}
 	fc.Logger = n.log

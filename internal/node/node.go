@@ -12,8 +12,10 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -40,12 +42,15 @@ type Node struct {
 	broker       *broker.Broker
 	tunnels      *tunnel.Pool
 	member       *fleet.Member
+	relayID      string
 	signer       *peer.Signer
 	watchdog     *watchdog.Watchdog
 	router       *router.Fleet
 	probeClient  *http.Client
 	stopWatchdog context.CancelFunc
 	changes      *changeHub
+	stopCtx      context.Context // ends when the node starts to shut down
+	stopNow      context.CancelFunc
 	registry     *prometheus.Registry
 	public       *http.Server
 	admin        *http.Server
@@ -67,6 +72,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2), changes: newChangeHub()}
+	n.stopCtx, n.stopNow = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			n.closeResources()
@@ -78,6 +84,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	bcfg := cfg.Broker
 	bcfg.Metrics, bcfg.Logger = n.registry, n.log
+	if err := n.loadRelayID(); err != nil {
+		return nil, err
+	}
+	// Request ids carry the relay's id, so that any relay can route an
+	// agent's answer to the relay holding the request.
+	bcfg.IDPrefix = strings.TrimPrefix(n.relayID, "rl-")
+	// The relay id prefixes request ids: it is known before the fleet opens.
+	if id, _, err := fleet.LoadOrCreateRelayID(cfg.DataDir); err == nil {
+		bcfg.IDPrefix = strings.TrimPrefix(id, "rl-")
+	}
 	bcfg.OnAttach = func(string) {
 		if n.member != nil {
 			n.member.Changed()
@@ -198,6 +214,9 @@ func (n *Node) serve(srv *http.Server, ln net.Listener) {
 	})
 }
 
+// Ready reports whether the node takes new work (false once it drains).
+func (n *Node) Ready() bool { return n.ready.Load() }
+
 // Addr returns the public listener's address.
 func (n *Node) Addr() string { return n.publicLn.Addr().String() }
 
@@ -213,34 +232,46 @@ func (n *Node) Tokens() *auth.Store { return n.tokens }
 // Errors delivers a listener's failure while the node runs.
 func (n *Node) Errors() <-chan error { return n.errc }
 
-// Shutdown drains the node: /readyz turns false, polls end and no request is
-// handed to an agent any more, in-flight requests and streams run to the end
-// until ctx ends, at which point whatever is left is cut. Then everything is
-// closed.
+// Shutdown drains the node, as on SIGTERM: /readyz turns false at once and
+// the relay announces that it is stopping (the fleet places no device here
+// any more); its native agents are asked to move to other relays, spread
+// over DrainSpread, each after its streams in flight finish; its long-poll
+// agents' polls end and their next polls go to the devices' new holders;
+// requests arriving meanwhile follow the devices. Whatever still runs when
+// ctx ends is cut. Then everything is closed.
 func (n *Node) Shutdown(ctx context.Context) error {
+	began := time.Now()
 	n.ready.Store(false)
 	n.stopping.Store(true)
-	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout)
+	n.stopNow()
+	if n.member != nil {
+		n.member.BeatNow()
+	}
+	spread := n.cfg.DrainSpread
+	if d, ok := ctx.Deadline(); ok {
+		spread = min(spread, time.Until(d)/3)
+	}
+	agents := n.tunnels.DrainSessions(spread)
+	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout, "native_agents", agents, "spread", spread)
 	n.broker.Drain()
 	// Long-poll agents post every response chunk as a new request to the
-	// public listener, so it stays open until nothing is in flight; new users
-	// meanwhile get 503, and new polls are held, then answered 408.
-	var errTunnels error
-	tunnelsDone := make(chan struct{})
-	go func() {
-		defer close(tunnelsDone)
-		errTunnels = n.tunnels.Shutdown(ctx)
-	}()
+	// public listener, so it stays open until nothing is in flight; users'
+	// requests arriving meanwhile go to where their devices are now.
+	errTunnels := n.tunnels.WaitEmpty(ctx)
 	errWait := n.broker.Wait(ctx)
-	<-tunnelsDone
-	errWait = errors.Join(errWait, errTunnels)
+	// Load balancers notice /readyz only at their next health check: keep
+	// taking requests (and passing them on) until they have had the time.
+	select {
+	case <-time.After(time.Until(began.Add(n.cfg.ShutdownDelay))):
+	case <-ctx.Done():
+	}
 	errPublic := n.public.Shutdown(ctx)
-	if errPublic != nil || errWait != nil {
+	if errPublic != nil || errWait != nil || errTunnels != nil {
 		n.log.Warn("drain deadline passed; cutting what is left")
 	}
 	n.Close()
-	if errPublic != nil || errWait != nil {
-		return fmt.Errorf("drain: %w", errors.Join(errPublic, errWait))
+	if err := errors.Join(errTunnels, errWait, errPublic); err != nil {
+		return fmt.Errorf("drain: %w", err)
 	}
 	n.log.Info("relay stopped")
 	return nil
@@ -248,6 +279,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 
 // Close stops the node at once, cutting whatever is in flight.
 func (n *Node) Close() error {
+	n.stopNow()
 	n.ready.Store(false)
 	n.healthy.Store(false)
 	n.stopOnce.Do(func() {

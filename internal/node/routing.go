@@ -170,7 +170,7 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 // goes to the relay that should hold the device (so that a drain moves
 // long-poll agents too), an answer to where the device is now (requests in
 // flight here are answered here before this is asked).
-func (n *Node) routeAgent(r *http.Request, device string) http.Handler {
+func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handler {
 	if r.Header.Get(peer.Header) != "" {
 		_, err := n.signer.Verify(r.Header, device)
 		r.Header.Del(peer.Header)
@@ -181,15 +181,44 @@ func (n *Node) routeAgent(r *http.Request, device string) http.Handler {
 		}
 		return nil
 	}
+	if requestID != "" {
+		// An answer goes to the relay whose broker made the request id.
+		if owner, ok := n.member.RelayByIDHex(requestOwner(device, requestID)); ok && !owner.Self && owner.Address != "" {
+			return n.router.ProxyTo(owner, device)
+		}
+	}
+	poll := requestID == ""
+	if poll && n.stopping.Load() {
+		if t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, ""); !ok || t.Self {
+			return nil // no other relay: the broker holds the poll, then answers 408
+		}
+		// Not held here, not forwarded from here: a stopping relay must
+		// become idle. The agent polls again, through another relay.
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "this relay is shutting down; poll another", http.StatusServiceUnavailable)
+		})
+	}
 	where := n.member.Route
-	if r.URL.Path == "/server/request" {
+	if poll {
 		where = n.member.Holder
 	}
 	t, ok := where(device, n.cfg.Region, n.watchdog.Vetoed, "")
 	if !ok || t.Self || t.Address == "" {
 		return nil
 	}
-	return n.router.ProxyTo(t, device)
+	h := n.router.ProxyTo(t, device)
+	if !poll {
+		return h
+	}
+	// A forwarded poll waits at the holder; a shutdown here ends it at once.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		stop := context.AfterFunc(n.stopCtx, cancel)
+		defer stop()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // changeHub wakes whoever waits for the next change of this relay's agents
@@ -222,4 +251,14 @@ func (n *Node) noteLost(r *http.Request, device string) {
 	if ms, err := strconv.ParseInt(r.Header.Get(tunnel.LostHeader), 10, 64); err == nil {
 		n.member.NoteLost(device, time.Duration(ms)*time.Millisecond)
 	}
+}
+
+// requestOwner returns the first 8 hex digits of a request id's hex part:
+// the id of the relay that made it, without its "rl-".
+func requestOwner(device, requestID string) string {
+	rest := strings.TrimPrefix(requestID, device+":")
+	if len(rest) < 8 || len(rest) == len(requestID) {
+		return ""
+	}
+	return rest[:8]
 }

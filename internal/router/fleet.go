@@ -134,7 +134,8 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 // undispatched reports whether err means that no agent was there to take
 // the request and nothing of it was sent.
 func undispatched(err error) bool {
-	return errors.Is(err, tunnel.ErrNoSession) || errors.Is(err, broker.ErrNoAgent) && !errors.Is(err, broker.ErrPickup)
+	return errors.Is(err, tunnel.ErrNoSession) || errors.Is(err, broker.ErrDraining) ||
+		errors.Is(err, broker.ErrNoAgent) && !errors.Is(err, broker.ErrPickup)
 }
 
 // await waits, up to Grace, for the device to get an agent here (Self) or

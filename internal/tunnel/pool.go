@@ -28,7 +28,7 @@ var ErrNoSession = errors.New("no native tunnel for the device")
 // peer within Interval+Timeout.
 type Liveness struct {
 	Interval time.Duration // default 400 ms
-	Timeout  time.Duration // default 1 s
+	Timeout  time.Duration // default 800 ms: a frozen peer is noticed within 1.2 s
 }
 
 // WithDefaults fills zero fields.
@@ -37,7 +37,7 @@ func (l Liveness) WithDefaults() Liveness {
 		l.Interval = 400 * time.Millisecond
 	}
 	if l.Timeout <= 0 {
-		l.Timeout = time.Second
+		l.Timeout = 800 * time.Millisecond
 	}
 	return l
 }
@@ -307,6 +307,21 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// WaitEmpty returns when no session is left, or with ctx's error when ctx
+// ends first.
+func (p *Pool) WaitEmpty(ctx context.Context) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for p.Sessions() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
 // RoundTrip sends req to a tunnel of the device named by req.URL.Host. A
 // session that fails before the request left moves it to the next session;
 // with none left it returns ErrNoSession.
@@ -343,8 +358,14 @@ func unsent(err error, req *http.Request) bool {
 		// unusable connection is safe to skip.
 		return errors.Is(err, http2.ErrNoCachedConn)
 	}
-	return errors.Is(err, http2.ErrNoCachedConn) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF)
+	return errors.Is(err, http2.ErrNoCachedConn) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		err.Error() == errClientConnUnusable // x/net keeps this error unexported
 }
+
+// errClientConnUnusable is the text of x/net's error for a request refused
+// before it was sent because the connection takes no new streams (after a
+// GOAWAY): safe to send on another session.
+const errClientConnUnusable = "http2: client conn not usable"
 
 // countedBody counts a request as in flight until its response body closes.
 type countedBody struct {
