@@ -62,6 +62,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var cfg node.Config
 	var logf logFlags
 	port, nats := serveFlags(fs, &cfg, &logf)
+	reportVersion := fs.String("report-version", "", "the `version` this relay reports to the fleet, instead of its build's (packaging and rehearsals)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -70,6 +71,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg.NATS = splitList(*nats)
 	cfg.Version = Version
+	if *reportVersion != "" {
+		cfg.Version = *reportVersion
+	}
 	logger, err := logf.logger(stderr)
 	if err != nil {
 		return err

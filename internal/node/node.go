@@ -35,33 +35,34 @@ import (
 
 // Node is a running relay node.
 type Node struct {
-	cfg          Config
-	log          *slog.Logger
-	store        *store.Store
-	tokens       *auth.Store
-	broker       *broker.Broker
-	tunnels      *tunnel.Pool
-	member       *fleet.Member
-	relayID      string
-	signer       *peer.Signer
-	watchdog     *watchdog.Watchdog
-	router       *router.Fleet
-	probeClient  *http.Client
-	stopWatchdog context.CancelFunc
-	changes      *changeHub
-	stopCtx      context.Context // ends when the node starts to shut down
-	stopNow      context.CancelFunc
-	registry     *prometheus.Registry
-	public       *http.Server
-	admin        *http.Server
-	publicLn     net.Listener
-	adminLn      net.Listener
-	ready        atomic.Bool
-	healthy      atomic.Bool // serving; reported on heartbeats
-	stopping     atomic.Bool // shutting down; reported on heartbeats
-	wg           sync.WaitGroup
-	errc         chan error // serve failures, buffered
-	stopOnce     sync.Once
+	cfg           Config
+	log           *slog.Logger
+	store         *store.Store
+	tokens        *auth.Store
+	broker        *broker.Broker
+	tunnels       *tunnel.Pool
+	member        *fleet.Member
+	relayID       string
+	signer        *peer.Signer
+	watchdog      *watchdog.Watchdog
+	router        *router.Fleet
+	probeClient   *http.Client
+	stopWatchdog  context.CancelFunc
+	changes       *changeHub
+	publicHandler *relay.Handler
+	stopCtx       context.Context // ends when the node starts to shut down
+	stopNow       context.CancelFunc
+	registry      *prometheus.Registry
+	public        *http.Server
+	admin         *http.Server
+	publicLn      net.Listener
+	adminLn       net.Listener
+	ready         atomic.Bool
+	healthy       atomic.Bool // serving; reported on heartbeats
+	stopping      atomic.Bool // shutting down; reported on heartbeats
+	wg            sync.WaitGroup
+	errc          chan error // serve failures, buffered
+	stopOnce      sync.Once
 }
 
 // Start opens everything cfg names and starts serving. Call Shutdown or
@@ -174,7 +175,7 @@ func (n *Node) buildServers() {
 		MaxChunkBytes: n.cfg.MaxChunkBytes,
 		Logger:        n.log,
 	})
-	public := relay.NewHandler(relay.Config{
+	n.publicHandler = relay.NewHandler(relay.Config{
 		Transport:     n.router,
 		VerifyPeer:    n.verifyPeer,
 		Agents:        agents,
@@ -183,7 +184,7 @@ func (n *Node) buildServers() {
 		Ready:         n.ready.Load,
 		Logger:        n.log,
 	})
-	n.public = n.newServer(public)
+	n.public = n.newServer(n.publicHandler)
 	n.public.Protocols = new(http.Protocols)
 	n.public.Protocols.SetHTTP1(true)
 	n.public.Protocols.SetUnencryptedHTTP2(true)
@@ -266,6 +267,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	errPublic := n.public.Shutdown(ctx)
+	// Upgraded streams (websockets) passing through here to another relay
+	// run on hijacked connections, which Shutdown does not wait for.
+	errPublic = errors.Join(errPublic, n.publicHandler.WaitIdle(ctx))
 	if errPublic != nil || errWait != nil || errTunnels != nil {
 		n.log.Warn("drain deadline passed; cutting what is left")
 	}

@@ -53,6 +53,48 @@ type Config struct {
 type Handler struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
+
+	mu     sync.Mutex
+	active int           // user requests being served, upgraded streams included
+	idle   chan struct{} // closed when active drops to 0; nil while it is 0
+}
+
+// track counts a user request until the returned func is called. Upgraded
+// streams (websockets) count until they end: http.Server.Shutdown does not
+// wait for them, as their connections are hijacked.
+func (h *Handler) track() func() {
+	h.mu.Lock()
+	h.active++
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.active--; h.active == 0 && h.idle != nil {
+			close(h.idle)
+			h.idle = nil
+		}
+	}
+}
+
+// WaitIdle returns when no user request or stream is being served, or with
+// ctx's error when ctx ends first.
+func (h *Handler) WaitIdle(ctx context.Context) error {
+	h.mu.Lock()
+	if h.active == 0 {
+		h.mu.Unlock()
+		return nil
+	}
+	if h.idle == nil {
+		h.idle = make(chan struct{})
+	}
+	idle := h.idle
+	h.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 type targetKey struct{}
@@ -105,6 +147,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	stripH2CUpgrade(r.Header)
 	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, t))
+	defer h.track()()
 	h.proxy.ServeHTTP(w, r)
 }
 

@@ -1,0 +1,258 @@
+// Command drainmany drains a relay that holds many idle native agents and
+// measures how long they take to move to another relay, and whether any
+// request fails meanwhile. Two `switchboard serve` processes share one NATS
+// server hosted by this process; the agents (real Switchboard agents, one
+// per device) and their backend run in this process and all start on the
+// first relay.
+//
+//	go run ./bench/drainmany -agents 10000
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/control"
+	"github.com/switchboard-relay/switchboard/internal/store"
+)
+
+func main() {
+	n := flag.Int("agents", 10000, "idle native agents, one per device")
+	bin := flag.String("bin", "", "switchboard binary (default: build one)")
+	spread := flag.Duration("spread", 5*time.Second, "the drained relay's --drain-spread")
+	md := flag.String("md", "", "also write the result as Markdown to this file")
+	flag.Parse()
+	if err := run(*n, *bin, *spread, *md); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(n int, bin string, spread time.Duration, md string) error {
+	dir, err := os.MkdirTemp("", "switchboard-drainmany-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if bin == "" {
+		bin = filepath.Join(dir, "switchboard")
+		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/switchboard").CombinedOutput(); err != nil {
+			return fmt.Errorf("build: %v: %s", err, out)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := store.Open(ctx, store.Config{DataDir: filepath.Join(dir, "nats"), Listen: "127.0.0.1:0"})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	type relay struct{ port, admin, dir string }
+	var relays []relay
+	var cmds []*exec.Cmd
+	defer func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}()
+	for i := range 2 {
+		r := relay{port: freePort(), admin: freePort(), dir: filepath.Join(dir, fmt.Sprint("relay", i))}
+		cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
+			"--data", r.dir, "--nats", st.ClientURL(), "--advertise", "http://127.0.0.1:"+r.port,
+			"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error",
+			"--max-forward", fmt.Sprint(2*n), "--drain-spread", spread.String())
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		cmds = append(cmds, cmd)
+		relays = append(relays, r)
+		if err := waitReady("http://127.0.0.1:" + r.admin + "/readyz"); err != nil {
+			return err
+		}
+	}
+	// The second relay joins only after the agents are placed: all of them
+	// start on the first (with the second out of the way, drained).
+	token, _ := os.ReadFile(filepath.Join(relays[0].dir, "admin.token"))
+	api := &control.Client{BaseURL: "http://127.0.0.1:" + relays[0].admin, Token: strings.TrimSpace(string(token))}
+	id1, _ := os.ReadFile(filepath.Join(relays[1].dir, "relay.id"))
+	id0, _ := os.ReadFile(filepath.Join(relays[0].dir, "relay.id"))
+	if err := waitFleet(ctx, api, 2); err != nil {
+		return err
+	}
+	if _, err := api.SetRelayDraining(ctx, strings.TrimSpace(string(id1)), true); err != nil {
+		return err
+	}
+
+	backend := startBackend()
+	bu, _ := url.Parse(backend)
+	first, _ := url.Parse("http://127.0.0.1:" + relays[0].port)
+	second, _ := url.Parse("http://127.0.0.1:" + relays[1].port)
+	devices := make([]string, n)
+	for i := range n {
+		devices[i] = fmt.Sprintf("idle-%05d", i)
+		a, err := agent.New(agent.Config{Relays: []*url.URL{first, second}, Device: devices[i], Backend: bu,
+			Protocol: agent.ProtocolNative, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return err
+		}
+		go a.Run(ctx)
+		if i%500 == 499 {
+			<-time.After(200 * time.Millisecond) // connect in waves, not all in one instant
+		}
+	}
+	count := func(id string) (int, error) {
+		rs, err := api.ListRelays(ctx)
+		if err != nil {
+			return 0, err
+		}
+		for _, r := range rs {
+			if r.ID == id {
+				return r.AttachedDevices, nil
+			}
+		}
+		return 0, nil
+	}
+	if err := poll(ctx, 5*time.Minute, func() error {
+		k, err := count(strings.TrimSpace(string(id0)))
+		if err == nil && k < n {
+			err = fmt.Errorf("%d of %d agents on the first relay", k, n)
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	if _, err := api.SetRelayDraining(ctx, strings.TrimSpace(string(id1)), false); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%d agents on the first relay\n", n)
+
+	// Load: small GETs for random devices through either relay.
+	var attempted, failed atomic.Int64
+	var firstErr atomic.Value
+	lctx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	var wg sync.WaitGroup
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; lctx.Err() == nil; i += 8 {
+				base := []string{first.String(), second.String()}[i%2]
+				attempted.Add(1)
+				resp, err := c.Get(base + "/client/" + devices[(i*7919)%n] + "/")
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("%s", resp.Status)
+					}
+				}
+				if err != nil && lctx.Err() == nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		})
+	}
+	<-time.After(2 * time.Second)
+	began := time.Now()
+	if _, err := api.SetRelayDraining(ctx, strings.TrimSpace(string(id0)), true); err != nil {
+		return err
+	}
+	var took time.Duration
+	err = poll(ctx, 2*time.Minute, func() error {
+		k, err := count(strings.TrimSpace(string(id0)))
+		if err == nil && k > 0 {
+			err = fmt.Errorf("%d agents still on the drained relay", k)
+		}
+		took = time.Since(began)
+		return err
+	})
+	stopLoad()
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	out := fmt.Sprintf("- **drain of a relay holding %d idle native agents** (spread %s): all moved in **%s**; requests meanwhile: %d, failed **%d**\n",
+		n, spread, took.Round(100*time.Millisecond), attempted.Load(), failed.Load())
+	if e := firstErr.Load(); e != nil {
+		out += fmt.Sprintf("  - first failure: `%v`\n", e)
+	}
+	fmt.Print(out)
+	if md != "" {
+		return os.WriteFile(md, []byte(out), 0o644)
+	}
+	return nil
+}
+
+func waitFleet(ctx context.Context, api *control.Client, n int) error {
+	return poll(ctx, 30*time.Second, func() error {
+		rs, err := api.ListRelays(ctx)
+		if err == nil && len(rs) < n {
+			err = fmt.Errorf("%d relays", len(rs))
+		}
+		return err
+	})
+}
+
+func waitReady(u string) error {
+	return poll(context.Background(), 20*time.Second, func() error {
+		resp, err := http.Get(u)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s", resp.Status)
+		}
+		return nil
+	})
+}
+
+func poll(ctx context.Context, within time.Duration, f func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func startBackend() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	return "http://" + ln.Addr().String()
+}
+
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
