@@ -32,17 +32,24 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "-agent-worker" {
+		if err := agentWorker(os.Args[2:]); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	n := flag.Int("agents", 10000, "idle native agents, one per device")
+	workers := flag.Int("workers", 4, "processes the agents run in (each has its own open-file limit)")
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
 	spread := flag.Duration("spread", 5*time.Second, "the drained relay's --drain-spread")
 	md := flag.String("md", "", "also write the result as Markdown to this file")
 	flag.Parse()
-	if err := run(*n, *bin, *spread, *md); err != nil {
+	if err := run(*n, *workers, *bin, *spread, *md); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(n int, bin string, spread time.Duration, md string) error {
+func run(n, workers int, bin string, spread time.Duration, md string) error {
 	dir, err := os.MkdirTemp("", "switchboard-drainmany-")
 	if err != nil {
 		return err
@@ -99,22 +106,31 @@ func run(n int, bin string, spread time.Duration, md string) error {
 		return err
 	}
 
-	backend := startBackend()
-	bu, _ := url.Parse(backend)
 	first, _ := url.Parse("http://127.0.0.1:" + relays[0].port)
 	second, _ := url.Parse("http://127.0.0.1:" + relays[1].port)
 	devices := make([]string, n)
 	for i := range n {
 		devices[i] = fmt.Sprintf("idle-%05d", i)
-		a, err := agent.New(agent.Config{Relays: []*url.URL{first, second}, Device: devices[i], Backend: bu,
-			Protocol: agent.ProtocolNative, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
+	}
+	// The agents run in worker processes of this binary, each with its own
+	// backend: one process could not hold the file descriptors of 10,000
+	// agents while they move.
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	per := (n + workers - 1) / workers
+	for w := range workers {
+		lo, hi := w*per, min(n, (w+1)*per)
+		if lo >= hi {
+			break
+		}
+		cmd := exec.Command(self, "-agent-worker", first.String(), second.String(), fmt.Sprint(lo), fmt.Sprint(hi))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
 			return err
 		}
-		go a.Run(ctx)
-		if i%500 == 499 {
-			<-time.After(200 * time.Millisecond) // connect in waves, not all in one instant
-		}
+		cmds = append(cmds, cmd)
 	}
 	count := func(id string) (int, error) {
 		rs, err := api.ListRelays(ctx)
@@ -156,10 +172,10 @@ func run(n int, bin string, spread time.Duration, md string) error {
 				attempted.Add(1)
 				resp, err := c.Get(base + "/client/" + devices[(i*7919)%n] + "/")
 				if err == nil {
-					io.Copy(io.Discard, resp.Body)
+					body, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
 					if resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("%s", resp.Status)
+						err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
 					}
 				}
 				if err != nil && lctx.Err() == nil {
@@ -198,6 +214,33 @@ func run(n int, bin string, spread time.Duration, md string) error {
 		return os.WriteFile(md, []byte(out), 0o644)
 	}
 	return nil
+}
+
+// agentWorker runs the agents of devices [lo, hi) against the two relays,
+// with a backend of its own, until it is killed.
+func agentWorker(args []string) error {
+	if len(args) != 4 {
+		return fmt.Errorf("usage: -agent-worker FIRST SECOND LO HI")
+	}
+	first, _ := url.Parse(args[0])
+	second, _ := url.Parse(args[1])
+	var lo, hi int
+	fmt.Sscan(args[2], &lo)
+	fmt.Sscan(args[3], &hi)
+	bu, _ := url.Parse(startBackend())
+	ctx := context.Background()
+	for i := lo; i < hi; i++ {
+		a, err := agent.New(agent.Config{Relays: []*url.URL{first, second}, Device: fmt.Sprintf("idle-%05d", i), Backend: bu,
+			Protocol: agent.ProtocolNative, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return err
+		}
+		go a.Run(ctx)
+		if (i-lo)%250 == 249 {
+			<-time.After(100 * time.Millisecond) // connect in waves, not all in one instant
+		}
+	}
+	select {}
 }
 
 func waitFleet(ctx context.Context, api *control.Client, n int) error {

@@ -18,10 +18,8 @@ const maxRedirects = 2
 // configured entry points; a relay that takes the agent says which relay it
 // is and lists the fleet's relays best first for the device, and a relay
 // that should not hold the device redirects the agent to the one that
-// should. When the agent loses its relay it walks that list: at once, and
-// naming the lost relay as unreachable, when the relay fell silent; after
-// one quick retry of the same relay when the relay closed the connection
-// (a cancel, a drain), which a live relay answers at once.
+// should. When the agent loses its relay it walks that list, the lost relay
+// last: naming it as unreachable when it fell silent.
 type walker struct {
 	entries []*url.URL
 	entry   int
@@ -124,7 +122,10 @@ func (w *walker) lost(silent bool, lastSign time.Time) {
 		w.queue = w.others(w.current.ID)
 		return
 	}
-	w.queue = append([]candidate{{url: w.curURL, id: w.current.ID}}, w.others(w.current.ID)...)
+	// The relay closed the tunnel: a drain, a shutdown, a crash or a
+	// cancel. The next relay of the list is the device's next home when
+	// this one is going away; a relay that stays sends the agent back.
+	w.queue = append(w.others(w.current.ID), candidate{url: w.curURL, id: w.current.ID})
 }
 
 // others is the learned list without the relay id.

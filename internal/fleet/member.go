@@ -46,6 +46,7 @@ type Member struct {
 	closeOnce   sync.Once
 	shouldDrain atomic.Bool
 	leaseHeld   atomic.Bool
+	stopping    atomic.Bool // the shutdown was announced
 	reachable   atomic.Bool
 
 	mu        sync.Mutex           // guards published; held by the reconcile loop
@@ -53,7 +54,7 @@ type Member struct {
 	movedAway map[string]bool      // devices another relay took while agents remained here
 	wroteAt   map[string]time.Time // the updated_at of this relay's last write per device
 	lostSince map[string]time.Time // when an arriving agent lost its previous relay
-	stopping  bool                 // the shutdown was announced
+	lostMu    sync.Mutex           // guards lostSince, apart from mu: handshakes note into it
 	hk        housekeeping         // used by the lease holder's loop only
 }
 
@@ -220,8 +221,8 @@ func (m *Member) NoteLost(device string, lostFor time.Duration) {
 	if lostFor < 0 || lostFor > time.Minute {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lostMu.Lock()
+	defer m.lostMu.Unlock()
 	if len(m.lostSince) < 100_000 {
 		m.lostSince[device] = time.Now().Add(-lostFor)
 	}
@@ -293,12 +294,9 @@ func (m *Member) beat(ctx context.Context) error {
 			Message: fmt.Sprintf("relay %s enrolled (%s, region %q, version %s)", m.cfg.RelayID, m.cfg.Hostname, m.cfg.Region, m.cfg.Version)})
 		m.log.Info("relay enrolled in the fleet")
 	}
-	m.mu.Lock()
-	if stopping && !m.stopping {
-		m.stopping = true
+	if stopping && !m.stopping.Swap(true) {
 		m.Record(Event{Type: EventRelayStopping, RelayID: m.cfg.RelayID, Message: fmt.Sprintf("relay %s is shutting down", m.cfg.RelayID)})
 	}
-	m.mu.Unlock()
 	if old := m.shouldDrain.Swap(ans.ShouldDrain); old != ans.ShouldDrain {
 		if ans.ShouldDrain {
 			m.log.Info("this relay is marked draining: it takes no new devices")
@@ -335,7 +333,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 	local := m.cfg.Local.Presence()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var errs []error
+	var attaches, detaches []string
 	for dev, p := range local {
 		pub, published := m.published[dev]
 		entry, inDir := m.devices.get(deviceKey(dev))
@@ -354,45 +352,83 @@ func (m *Member) reconcile(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := m.attach(ctx, dev, p); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		m.published[dev] = p
+		attaches = append(attaches, dev)
 	}
 	for dev := range m.published {
-		if _, ok := local[dev]; ok {
-			continue
+		if _, ok := local[dev]; !ok {
+			detaches = append(detaches, dev)
 		}
-		octx, cancel := context.WithTimeout(ctx, opTimeout)
-		done, err := detach(octx, m.devsKV, m.cfg.RelayID, dev)
-		cancel()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		delete(m.published, dev)
-		delete(m.movedAway, dev)
-		delete(m.wroteAt, dev)
-		if done {
-			m.Record(Event{Type: EventDeviceDetached, Device: dev, RelayID: m.cfg.RelayID,
-				Message: fmt.Sprintf("device %s: its last agent left relay %s", dev, m.cfg.RelayID)})
+	}
+	// The writes go out in parallel: a relay taking or giving up thousands
+	// of devices at once (a drain) must not publish them one by one.
+	type result struct {
+		dev     string
+		attach  bool
+		written time.Time
+		done    bool
+		err     error
+	}
+	results := make(chan result, len(attaches)+len(detaches))
+	sem := make(chan struct{}, reconcileParallel)
+	var wg sync.WaitGroup
+	for _, dev := range attaches {
+		p := local[dev]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			written, err := m.attach(ctx, dev, p)
+			results <- result{dev: dev, attach: true, written: written, err: err}
+		})
+	}
+	for _, dev := range detaches {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			octx, cancel := context.WithTimeout(ctx, opTimeout)
+			done, err := detach(octx, m.devsKV, m.cfg.RelayID, dev)
+			cancel()
+			results <- result{dev: dev, done: done, err: err}
+		})
+	}
+	wg.Wait()
+	close(results)
+	var errs []error
+	for r := range results {
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.attach:
+			m.published[r.dev] = local[r.dev]
+			m.wroteAt[r.dev] = r.written
+		default:
+			delete(m.published, r.dev)
+			delete(m.movedAway, r.dev)
+			delete(m.wroteAt, r.dev)
+			if r.done {
+				m.Record(Event{Type: EventDeviceDetached, Device: r.dev, RelayID: m.cfg.RelayID,
+					Message: fmt.Sprintf("device %s: its last agent left relay %s", r.dev, m.cfg.RelayID)})
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (m *Member) attach(ctx context.Context, dev string, p Presence) error {
+// reconcileParallel bounds the directory writes in flight at once.
+const reconcileParallel = 32
+
+func (m *Member) attach(ctx context.Context, dev string, p Presence) (written time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	res, err := attach(ctx, m.devsKV, m.cfg.RelayID, dev, p)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
-	m.wroteAt[dev] = res.entry.UpdatedAt
 	took := time.Duration(0)
-	if since, ok := m.lostSince[dev]; ok {
-		delete(m.lostSince, dev)
+	m.lostMu.Lock()
+	since, ok := m.lostSince[dev]
+	delete(m.lostSince, dev)
+	m.lostMu.Unlock()
+	if ok {
 		if took = time.Since(since); took > time.Minute {
 			took = 0 // a note from an earlier visit
 		}
@@ -412,5 +448,5 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence) error {
 		m.Record(Event{Type: EventDeviceAttached, Device: dev, RelayID: m.cfg.RelayID,
 			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, p.Agents, p.Protocol)})
 	}
-	return nil
+	return res.entry.UpdatedAt, nil
 }

@@ -17,6 +17,9 @@ type Target struct {
 	ID      string
 	Address string // the relay's advertised URL
 	Self    bool   // this relay
+	// Final marks a relay chosen because the device's agent is on its way
+	// there: a request sent to it waits there rather than going on.
+	Final bool
 }
 
 // scratch recycles the candidate slices of Holder.

@@ -148,6 +148,7 @@ func (n *Node) cancelDevice(device, reason string, moved bool) {
 // holder. An undrain moves nothing back.
 func (n *Node) onShouldDrain(draining bool) {
 	if !draining {
+		n.tunnels.StopDraining()
 		return
 	}
 	k := n.tunnels.DrainSessions(n.cfg.DrainSpread)

@@ -100,7 +100,17 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr := router.NewFleet()
 	fr.Local = &router.Local{Native: n.tunnels, LongPoll: n.broker}
 	fr.Holders = func(device, exclude string) (fleet.Target, bool) {
-		return n.member.Route(device, n.cfg.Region, n.watchdog.Vetoed, exclude)
+		t, ok := n.member.Route(device, n.cfg.Region, n.watchdog.Vetoed, exclude)
+		if ok && t.Self && (n.member.ShouldDrain() || n.stopping.Load()) && !fr.HasAgent(device) && !n.broker.Remembers(device) {
+			// The device is leaving this relay, and its agent is gone from
+			// here: send the request to where the agent is being placed,
+			// before the directory says so, to wait for it there.
+			if h, hok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, exclude); hok && !h.Self {
+				h.Final = true
+				return h, true
+			}
+		}
+		return t, ok
 	}
 	fr.HasAgent = func(device string) bool { return n.tunnels.Ready(device) || n.broker.HasAgent(device) }
 	fr.Hops = relay.Hops

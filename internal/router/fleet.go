@@ -117,7 +117,11 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 				continue
 			}
 		}
-		resp, err := f.forward(req, device, t, hops+1)
+		next := hops + 1
+		if t.Final {
+			next = MaxHops // wait there for the agent, do not go on
+		}
+		resp, err := f.forward(req, device, t, next)
 		if f.OnForward != nil {
 			f.OnForward(t.ID, err)
 		}

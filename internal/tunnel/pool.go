@@ -83,6 +83,7 @@ type Pool struct {
 	OnChange func()
 
 	connects atomic.Int64 // sessions ever added
+	drainFor atomic.Int64 // while > 0, the window in which new sessions are sent on too
 
 	mu      sync.Mutex // guards the fields below
 	devices map[string][]*Session
@@ -124,6 +125,11 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 	p.devices[device] = append(p.devices[device], s)
 	p.mu.Unlock()
 	p.connects.Add(1)
+	if w := time.Duration(p.drainFor.Load()); w > 0 {
+		// The relay drains: an agent it had to take anyway (no other relay
+		// would) is sent on again later, when another may.
+		time.AfterFunc(w/2+rand.N(w/2+1), s.drain)
+	}
 	p.changed()
 	p.log.Debug("tunnel connected", "device", device, "instance", instance)
 	return s, nil
@@ -225,6 +231,7 @@ func (p *Pool) Ready(device string) bool {
 // reconnect elsewhere spread out rather than all at once. It returns at
 // once; sessions that join later are not drained.
 func (p *Pool) DrainSessions(window time.Duration) int {
+	p.drainFor.Store(int64(max(window, time.Second)))
 	p.mu.Lock()
 	var all []*Session
 	for _, l := range p.devices {
@@ -240,6 +247,9 @@ func (p *Pool) DrainSessions(window time.Duration) int {
 	}
 	return len(all)
 }
+
+// StopDraining ends DrainSessions' effect on sessions that join from now on.
+func (p *Pool) StopDraining() { p.drainFor.Store(0) }
 
 // drain sends the session's agent a GOAWAY: streams in flight finish, then
 // the connection closes.
