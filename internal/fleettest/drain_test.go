@@ -15,32 +15,7 @@ import (
 // steady load of requests through every relay: its devices move to the
 // others, every other device stays where it is, and no request fails.
 func TestOperatorDrainMovesOnlyItsDevices(t *testing.T) {
-	relays := StartFleet(t, 3, func(c *node.Config) { c.DrainSpread = 300 * time.Millisecond })
-	b := newBackend(t, "b")
-	tok := FleetToken(t, relays, auth.KindAgent, "", "dev-*")
-	user := FleetToken(t, relays, auth.KindUser, "u", "dev-*")
-	var devices []string
-	for i := range 12 {
-		d := fmt.Sprintf("dev-%d", i)
-		devices = append(devices, d)
-		h, _ := HolderFor(t, relays, d)
-		proto := agent.ProtocolNative
-		if i%4 == 3 {
-			proto = agent.ProtocolLongPoll
-		}
-		StartAgent(t, h, d, b.URL, tok, protocol(proto), knowsAll(t, relays))
-	}
-	before := map[string]string{}
-	Eventually(t, 10*time.Second, func() error {
-		for _, d := range devices {
-			e, err := relays[0].Node.Fleet().Device(d)
-			if err != nil || e.Agents == 0 {
-				return fmt.Errorf("%s not attached yet", d)
-			}
-			before[d] = e.RelayID
-		}
-		return nil
-	})
+	relays, devices, user, before := movingFleet(t, 12, 4)
 	// Drain the relay that holds dev-0.
 	drained := before["dev-0"]
 
@@ -74,32 +49,7 @@ func TestOperatorDrainMovesOnlyItsDevices(t *testing.T) {
 // the others, no request fails, and the relay stops well before its
 // deadline.
 func TestShutdownMovesDevicesWithoutFailures(t *testing.T) {
-	relays := StartFleet(t, 3, func(c *node.Config) { c.DrainSpread = 300 * time.Millisecond })
-	b := newBackend(t, "b")
-	tok := FleetToken(t, relays, auth.KindAgent, "", "dev-*")
-	user := FleetToken(t, relays, auth.KindUser, "u", "dev-*")
-	var devices []string
-	for i := range 9 {
-		d := fmt.Sprintf("dev-%d", i)
-		devices = append(devices, d)
-		h, _ := HolderFor(t, relays, d)
-		proto := agent.ProtocolNative
-		if i%3 == 2 {
-			proto = agent.ProtocolLongPoll
-		}
-		StartAgent(t, h, d, b.URL, tok, protocol(proto), knowsAll(t, relays))
-	}
-	before := map[string]string{}
-	Eventually(t, 10*time.Second, func() error {
-		for _, d := range devices {
-			e, err := relays[0].Node.Fleet().Device(d)
-			if err != nil || e.Agents == 0 {
-				return fmt.Errorf("%s not attached yet", d)
-			}
-			before[d] = e.RelayID
-		}
-		return nil
-	})
+	relays, devices, user, before := movingFleet(t, 9, 3)
 	victim := relays[0]
 	for _, r := range relays {
 		if r.Node.Fleet().ID() == before["dev-0"] {
@@ -132,4 +82,39 @@ func TestShutdownMovesDevicesWithoutFailures(t *testing.T) {
 		t.Errorf("Shutdown = %v after %s, want nil before the deadline", err, took)
 	}
 	t.Logf("stopped in %s", took)
+}
+
+// movingFleet starts three relays (a short drain spread) and n devices, each
+// with an agent on its holder that knows every relay: every longEvery-th a
+// long-poll agent, the others native. It returns the relays, the devices, a
+// user token for them, and the relay each device is attached to.
+func movingFleet(t *testing.T, n, longEvery int) ([]*Relay, []string, string, map[string]string) {
+	t.Helper()
+	relays := StartFleet(t, 3, func(c *node.Config) { c.DrainSpread = 300 * time.Millisecond })
+	b := newBackend(t, "b")
+	tok := FleetToken(t, relays, auth.KindAgent, "", "dev-*")
+	user := FleetToken(t, relays, auth.KindUser, "u", "dev-*")
+	var devices []string
+	for i := range n {
+		d := fmt.Sprintf("dev-%d", i)
+		devices = append(devices, d)
+		h, _ := HolderFor(t, relays, d)
+		proto := agent.ProtocolNative
+		if i%longEvery == longEvery-1 {
+			proto = agent.ProtocolLongPoll
+		}
+		StartAgent(t, h, d, b.URL, tok, protocol(proto), knowsAll(t, relays))
+	}
+	before := map[string]string{}
+	Eventually(t, 10*time.Second, func() error {
+		for _, d := range devices {
+			e, err := relays[0].Node.Fleet().Device(d)
+			if err != nil || e.Agents == 0 {
+				return fmt.Errorf("%s not attached yet", d)
+			}
+			before[d] = e.RelayID
+		}
+		return nil
+	})
+	return relays, devices, user, before
 }

@@ -15,6 +15,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// Every test runs in a synctest bubble: time.Sleep there advances virtual
+// time at once when every goroutine of the bubble is blocked, so a probe
+// schedule of seconds runs in microseconds and is exact.
+
 // fakePeers is a set of peers whose probes the test controls.
 type fakePeers struct {
 	mu     sync.Mutex
