@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/store"
@@ -55,11 +56,8 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if bin == "" {
-		bin = filepath.Join(dir, "switchboard")
-		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/switchboard").CombinedOutput(); err != nil {
-			return fmt.Errorf("build: %v: %s", err, out)
-		}
+	if bin, err = benchkit.Binary(bin, dir); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -78,7 +76,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		}
 	}()
 	for i := range 2 {
-		r := relay{port: freePort(), admin: freePort(), dir: filepath.Join(dir, fmt.Sprint("relay", i))}
+		r := relay{port: benchkit.FreePort(), admin: benchkit.FreePort(), dir: filepath.Join(dir, fmt.Sprint("relay", i))}
 		cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
 			"--data", r.dir, "--nats", st.ClientURL(), "--advertise", "http://127.0.0.1:"+r.port,
 			"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error",
@@ -144,7 +142,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		}
 		return 0, nil
 	}
-	if err := poll(ctx, 5*time.Minute, func() error {
+	if err := benchkit.Poll(ctx, 5*time.Minute, 50*time.Millisecond, func() error {
 		k, err := count(strings.TrimSpace(string(id0)))
 		if err == nil && k < n {
 			err = fmt.Errorf("%d of %d agents on the first relay", k, n)
@@ -191,7 +189,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		return err
 	}
 	var took time.Duration
-	err = poll(ctx, 2*time.Minute, func() error {
+	err = benchkit.Poll(ctx, 2*time.Minute, 50*time.Millisecond, func() error {
 		k, err := count(strings.TrimSpace(string(id0)))
 		if err == nil && k > 0 {
 			err = fmt.Errorf("%d agents still on the drained relay", k)
@@ -244,7 +242,7 @@ func agentWorker(args []string) error {
 }
 
 func waitFleet(ctx context.Context, api *control.Client, n int) error {
-	return poll(ctx, 30*time.Second, func() error {
+	return benchkit.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
 		rs, err := api.ListRelays(ctx)
 		if err == nil && len(rs) < n {
 			err = fmt.Errorf("%d relays", len(rs))
@@ -254,7 +252,7 @@ func waitFleet(ctx context.Context, api *control.Client, n int) error {
 }
 
 func waitReady(u string) error {
-	return poll(context.Background(), 20*time.Second, func() error {
+	return benchkit.Poll(context.Background(), 20*time.Second, 50*time.Millisecond, func() error {
 		resp, err := http.Get(u)
 		if err != nil {
 			return err
@@ -267,21 +265,6 @@ func waitReady(u string) error {
 	})
 }
 
-func poll(ctx context.Context, within time.Duration, f func() error) error {
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 func startBackend() string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -289,13 +272,4 @@ func startBackend() string {
 	}
 	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
 	return "http://" + ln.Addr().String()
-}
-
-func freePort() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }

@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
@@ -93,11 +94,8 @@ func run(o options) error {
 	}
 	defer os.RemoveAll(dir)
 	b := &bench{o: o, dir: dir, bin: o.bin, client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
-	if b.bin == "" {
-		b.bin = filepath.Join(dir, "switchboard")
-		if out, err := exec.Command("go", "build", "-o", b.bin, "./cmd/switchboard").CombinedOutput(); err != nil {
-			return fmt.Errorf("build: %v: %s", err, out)
-		}
+	if b.bin, err = benchkit.Binary(b.bin, dir); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -188,7 +186,7 @@ func (b *bench) startRelay(ctx context.Context, n int) (*relayProc, error) {
 		}
 	}
 	if r == nil {
-		r = &relayProc{n: n, port: freePort(), admin: freePort(), dir: filepath.Join(b.dir, fmt.Sprintf("relay%d", n))}
+		r = &relayProc{n: n, port: benchkit.FreePort(), admin: benchkit.FreePort(), dir: filepath.Join(b.dir, fmt.Sprintf("relay%d", n))}
 		b.relays = append(b.relays, r)
 	}
 	r.cmd = exec.Command(b.bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
@@ -200,7 +198,7 @@ func (b *bench) startRelay(ctx context.Context, n int) (*relayProc, error) {
 	}
 	r.done = make(chan struct{})
 	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); close(done) }(r.cmd, r.done)
-	if err := poll(ctx, 20*time.Second, func() error {
+	if err := benchkit.Poll(ctx, 20*time.Second, 50*time.Millisecond, func() error {
 		resp, err := b.client.Get(r.adminURL() + "/readyz")
 		if err != nil {
 			return err
@@ -247,7 +245,7 @@ func (b *bench) api(skip *relayProc) *control.Client {
 }
 
 func (b *bench) waitFresh(ctx context.Context, n int) error {
-	return poll(ctx, 30*time.Second, func() error {
+	return benchkit.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
 		for _, r := range b.relays {
 			c := &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
 			rs, err := c.ListRelays(ctx)
@@ -269,7 +267,7 @@ func (b *bench) waitFresh(ctx context.Context, n int) error {
 }
 
 func (b *bench) waitOnline(ctx context.Context, devices []string) error {
-	return poll(ctx, 60*time.Second, func() error {
+	return benchkit.Poll(ctx, 60*time.Second, 50*time.Millisecond, func() error {
 		ds, err := b.api(nil).ListDevices(ctx)
 		if err != nil {
 			return err
@@ -440,7 +438,7 @@ func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL
 	if _, err := b.api(nil).SetRelayDraining(ctx, victim.id, true); err != nil {
 		return err
 	}
-	if err := poll(ctx, 60*time.Second, func() error {
+	if err := benchkit.Poll(ctx, 60*time.Second, 50*time.Millisecond, func() error {
 		now, err := b.directory(ctx)
 		if err != nil {
 			return err
@@ -526,7 +524,7 @@ func (b *bench) placeMany(ctx context.Context, entries []*url.URL, backend strin
 	}
 	tick.Stop()
 	var counts, totals map[string]int
-	err = poll(ctx, 60*time.Second, func() error {
+	err = benchkit.Poll(ctx, 60*time.Second, 50*time.Millisecond, func() error {
 		dir, err := b.directory(ctx)
 		if err != nil {
 			return err
@@ -697,34 +695,6 @@ func startBackend() *backendServer {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
 	go srv.Serve(ln)
 	return &backendServer{URL: "http://" + ln.Addr().String(), srv: srv}
-}
-
-func freePort() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
-}
-
-// poll calls f until it returns nil or within passes.
-func poll(ctx context.Context, within time.Duration, f func() error) error {
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // pct returns the p-th percentile of ds.

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -47,13 +47,10 @@ func run(n int, settle, ping time.Duration, bin string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if bin == "" {
-		bin = filepath.Join(dir, "switchboard")
-		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/switchboard").CombinedOutput(); err != nil {
-			return fmt.Errorf("build: %v: %s", err, out)
-		}
+	if bin, err = benchkit.Binary(bin, dir); err != nil {
+		return err
 	}
-	port, admin := freePort(), freePort()
+	port, admin := benchkit.FreePort(), benchkit.FreePort()
 	relay := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+port, "--admin-listen", "127.0.0.1:"+admin,
 		"--data", filepath.Join(dir, "data"), "--allow-anonymous-agents", "--log-level", "warn",
 		"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String())
@@ -186,13 +183,4 @@ func cpuTicks(pid int) int64 {
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	s, _ := strconv.ParseInt(f[12], 10, 64)
 	return u + s
-}
-
-func freePort() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }

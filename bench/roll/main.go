@@ -32,6 +32,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
@@ -69,11 +70,8 @@ func run(native, longpoll int, bin, md string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if bin == "" {
-		bin = filepath.Join(dir, "switchboard")
-		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/switchboard").CombinedOutput(); err != nil {
-			return fmt.Errorf("build: %v: %s", err, out)
-		}
+	if bin, err = benchkit.Binary(bin, dir); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -84,7 +82,7 @@ func run(native, longpoll int, bin, md string) error {
 	defer st.Close()
 	h := &harness{bin: bin, dir: dir, natsURL: st.ClientURL()}
 	for i := range 3 {
-		r := &relayProc{n: i + 1, port: freePort(), admin: freePort(), dir: filepath.Join(dir, fmt.Sprintf("relay%d", i+1))}
+		r := &relayProc{n: i + 1, port: benchkit.FreePort(), admin: benchkit.FreePort(), dir: filepath.Join(dir, fmt.Sprintf("relay%d", i+1))}
 		h.relays = append(h.relays, r)
 		if err := h.start(ctx, r, "v1"); err != nil {
 			return err
@@ -429,13 +427,4 @@ func startBackend() string {
 	})
 	go http.Serve(ln, mux)
 	return "http://" + ln.Addr().String()
-}
-
-func freePort() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }

@@ -1,0 +1,53 @@
+// Package benchkit holds what the benchmark harnesses share: building the
+// switchboard binary, free loopback ports, and polling with a deadline.
+package benchkit
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"time"
+)
+
+// Binary returns bin, or builds ./cmd/switchboard into dir and returns its
+// path when bin is empty. Run it from the module's root.
+func Binary(bin, dir string) (string, error) {
+	if bin != "" {
+		return bin, nil
+	}
+	bin = filepath.Join(dir, "switchboard")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/switchboard").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build: %v: %s", err, out)
+	}
+	return bin, nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// Poll calls f every interval until it returns nil, or returns f's last
+// error once within has passed, or ctx's error when ctx ends.
+func Poll(ctx context.Context, within, interval time.Duration, f func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
