@@ -24,6 +24,11 @@ import (
 // durations asserted below are exact, and synctest.Wait tells when every
 // goroutine has done all it can without time passing.
 
+// elapse lets d of the bubble's virtual time pass: the clock jumps ahead as
+// soon as every goroutine of the bubble is blocked, so no test waits in real
+// time. (It is time.Sleep, named for what it does inside a bubble.)
+func elapse(d time.Duration) { time.Sleep(d) }
+
 const dev = "dev"
 
 // testConfig spells out every timeout so that the tests read on their own.
@@ -377,7 +382,7 @@ func TestPollEndsWhenAgentGoesAway(t *testing.T) {
 		f := newFixture(t, testConfig())
 		ctx, cancel := context.WithCancel(t.Context())
 		pc := f.poll(ctx, dev, "", "")
-		time.Sleep(5 * time.Second)
+		elapse(5 * time.Second)
 		cancel()
 		if p := now(t, pc); !errors.Is(p.err, context.Canceled) || p.took != 5*time.Second {
 			t.Fatalf("poll ended with %v after %v, want context.Canceled after 5s", p.err, p.took)
@@ -403,7 +408,7 @@ func TestDeviceWhoseAgentLeftFailsAfterNoAgentGrace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture(t, testConfig())
 		f.connect(dev)
-		time.Sleep(time.Minute) // the agent is gone, but not forgotten
+		elapse(time.Minute) // the agent is gone, but not forgotten
 		r := <-f.roundTrip(userReq(dev, "/", nil))
 		be := brokerError(t, r.err, http.StatusServiceUnavailable)
 		if !errors.Is(r.err, broker.ErrNoAgent) || be.RetryAfter <= 0 {
@@ -419,9 +424,9 @@ func TestAgentReturningWithinGraceTakesTheRequest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture(t, testConfig())
 		f.connect(dev)
-		time.Sleep(time.Minute)
+		elapse(time.Minute)
 		rc := f.roundTrip(userReq(dev, "/", nil))
-		time.Sleep(1500 * time.Millisecond) // the agent reconnects
+		elapse(1500 * time.Millisecond) // the agent reconnects
 		p := now(t, f.poll(t.Context(), dev, "", ""))
 		if p.err != nil {
 			t.Fatalf("poll: %v", p.err)
@@ -457,7 +462,7 @@ func TestBusyAgentPollingAgainWithinPickupTakesTheRequest(t *testing.T) {
 		f := newFixture(t, testConfig())
 		_, _ = f.take("agent", "", userReq(dev, "/a", nil))
 		rc := f.roundTrip(userReq(dev, "/b", nil))
-		time.Sleep(9 * time.Second) // longer than the no-agent grace, within the pickup timeout
+		elapse(9 * time.Second) // longer than the no-agent grace, within the pickup timeout
 		p := now(t, f.poll(t.Context(), dev, "agent", ""))
 		if p.err != nil {
 			t.Fatalf("poll: %v", p.err)
@@ -536,7 +541,7 @@ func TestSilenceMidResponseIsGatewayTimeout(t *testing.T) {
 		ex, resp := f.open("agent", userReq(dev, "/", nil))
 		defer resp.Body.Close()
 		go func() {
-			time.Sleep(59 * time.Second) // just inside the timeout: keeps the response alive
+			elapse(59 * time.Second) // just inside the timeout: keeps the response alive
 			f.b.Deliver(t.Context(), "agent", &wire.Response{ID: ex.ID, Body: []byte("a")})
 		}()
 		if got := readChunk(t, resp.Body); got != "a" {
@@ -817,7 +822,7 @@ func TestRequeueWhileDrainingFailsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture(t, testConfig())
 		ex, rc := f.take("agent", "", userReq(dev, "/", nil))
-		time.Sleep(15 * time.Second) // past the pickup timeout: the request had been taken
+		elapse(15 * time.Second) // past the pickup timeout: the request had been taken
 		f.b.Drain()
 		pending(t, rc, "RoundTrip of a taken request")
 		f.b.Requeue(ex)
@@ -863,10 +868,10 @@ func TestDrain(t *testing.T) {
 		pending(t, wait, "Wait with a request in flight")
 
 		// The request in flight runs to its end, however long it takes.
-		time.Sleep(45 * time.Second)
+		elapse(45 * time.Second)
 		go f.b.Deliver(t.Context(), "agent", &wire.Response{ID: exA.ID, Body: []byte("still "), Trailer: []wire.Header{{Name: "X-T", Value: "1"}}})
 		go func() {
-			time.Sleep(45 * time.Second)
+			elapse(45 * time.Second)
 			f.b.Deliver(t.Context(), "agent", &wire.Response{ID: exA.ID, Body: []byte("here"), EOF: true})
 		}()
 		body, err := io.ReadAll(respA.Body)
@@ -897,7 +902,7 @@ func TestPollDuringDrainIsHeldUntilIdle(t *testing.T) {
 		_, resp := f.open("agent", userReq(dev, "/", nil))
 		f.b.Drain()
 		pc := f.poll(t.Context(), dev, "agent", "")
-		time.Sleep(5 * time.Second)
+		elapse(5 * time.Second)
 		select {
 		case p := <-pc:
 			t.Fatalf("a poll during the drain ended with %v after %v; want it held while a request is in flight", p.err, p.took)
@@ -928,7 +933,7 @@ func TestDrainKeepsAStreamingAgentAlive(t *testing.T) {
 			t.Fatalf("waiting poll: %v, want ErrDraining", p.err)
 		}
 		again := f.poll(t.Context(), dev, "agent", "inst-1") // the agent polls again at once
-		time.Sleep(10 * time.Second)
+		elapse(10 * time.Second)
 		go f.b.Deliver(t.Context(), "agent", &wire.Response{ID: ex.ID, Body: []byte("still streaming"), EOF: true})
 		if body, err := io.ReadAll(resp.Body); string(body) != "still streaming" || err != nil {
 			t.Fatalf("body %q, %v; want the stream intact through the drain", body, err)
@@ -1021,7 +1026,7 @@ func TestDroppedAgentInstanceFailsItsRequestsAfterGrace(t *testing.T) {
 		// The agent's next poll loses its connection; no other poll follows.
 		ctx, cancel := context.WithCancel(t.Context())
 		pc := f.poll(ctx, dev, "agent", "inst-1")
-		time.Sleep(3 * time.Second) // the poll itself keeps the agent alive
+		elapse(3 * time.Second) // the poll itself keeps the agent alive
 		cancel()
 		now(t, pc)
 		dropped := time.Now()
@@ -1073,9 +1078,9 @@ func TestAgentInstanceBackWithinGraceKeepsItsRequests(t *testing.T) {
 		synctest.Wait()
 		cancel() // dropped...
 		now(t, pc)
-		time.Sleep(500 * time.Millisecond)
+		elapse(500 * time.Millisecond)
 		back := f.poll(t.Context(), dev, "agent", "inst-1") // ...and back within the grace
-		time.Sleep(10 * time.Second)
+		elapse(10 * time.Second)
 		go f.b.Deliver(t.Context(), "agent", &wire.Response{ID: ex.ID, Body: []byte("alive"), EOF: true})
 		if body, err := io.ReadAll(resp.Body); string(body) != "alive" || err != nil {
 			t.Fatalf("body %q, %v; want the stream intact", body, err)
@@ -1177,11 +1182,11 @@ func TestDevicesForgottenAfterInactiveBackendTimeout(t *testing.T) {
 		if got := f.b.Devices(); !slices.Equal(got, []string{dev}) {
 			t.Fatalf("Devices = %v, want [dev]", got)
 		}
-		time.Sleep(30*time.Minute - time.Second)
+		elapse(30*time.Minute - time.Second)
 		if got := f.b.Devices(); !slices.Equal(got, []string{dev}) {
 			t.Fatalf("Devices just before the timeout = %v, want [dev]", got)
 		}
-		time.Sleep(time.Second)
+		elapse(time.Second)
 		if got := f.b.Devices(); len(got) != 0 {
 			t.Fatalf("Devices after the timeout = %v, want none", got)
 		}
@@ -1189,7 +1194,7 @@ func TestDevicesForgottenAfterInactiveBackendTimeout(t *testing.T) {
 		if !errors.Is(r.err, broker.ErrNoAgent) || r.took != 0 {
 			t.Fatalf("request for a forgotten device: %v after %v, want ErrNoAgent at once", r.err, r.took)
 		}
-		time.Sleep(time.Minute) // one sweep
+		elapse(time.Minute) // one sweep
 		if got := f.gauge("switchboard_broker_devices"); got != 0 {
 			t.Fatalf("devices gauge %v after the sweep, want 0 (the record is dropped)", got)
 		}
@@ -1204,11 +1209,11 @@ func TestDeviceWithExpiredRequestsIsForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture(t, testConfig())
 		f.connect(dev)
-		time.Sleep(time.Minute)
+		elapse(time.Minute)
 		if r := <-f.roundTrip(userReq(dev, "/", strings.NewReader("a body held in memory"))); !errors.Is(r.err, broker.ErrNoAgent) {
 			t.Fatalf("RoundTrip: %v, want ErrNoAgent", r.err)
 		}
-		time.Sleep(31 * time.Minute) // past the inactive backend timeout and a sweep
+		elapse(31 * time.Minute) // past the inactive backend timeout and a sweep
 		if got := f.gauge("switchboard_broker_devices"); got != 0 {
 			t.Errorf("devices gauge %v half an hour after the agent left, want 0: the expired request pins the device record", got)
 		}
@@ -1225,7 +1230,7 @@ func TestExpiredRequestsDoNotFillTheQueue(t *testing.T) {
 		cfg.MaxPendingPerDevice = 2
 		f := newFixture(t, cfg)
 		f.connect(dev)
-		time.Sleep(time.Minute)
+		elapse(time.Minute)
 		for i := range 3 {
 			r := <-f.roundTrip(userReq(dev, "/", nil))
 			if !errors.Is(r.err, broker.ErrNoAgent) {

@@ -19,6 +19,11 @@ func TestMain(m *testing.M) {
 // time at once when every goroutine of the bubble is blocked, so a probe
 // schedule of seconds runs in microseconds and is exact.
 
+// elapse lets d of the bubble's virtual time pass: the clock jumps ahead as
+// soon as every goroutine of the bubble is blocked, so no test waits in real
+// time. (It is time.Sleep, named for what it does inside a bubble.)
+func elapse(d time.Duration) { time.Sleep(d) }
+
 // fakePeers is a set of peers whose probes the test controls.
 type fakePeers struct {
 	mu     sync.Mutex
@@ -90,17 +95,17 @@ func TestMissesVetoThenProbeClears(t *testing.T) {
 		stop := run(t, w)
 		defer stop()
 
-		time.Sleep(1500 * time.Millisecond) // one healthy probe
+		elapse(1500 * time.Millisecond) // one healthy probe
 		if w.Vetoed("a") {
 			t.Fatal("a healthy peer is vetoed")
 		}
 		died := time.Now()
 		f.set(f.down, "a", true)
-		time.Sleep(1100 * time.Millisecond) // one miss: not yet
+		elapse(1100 * time.Millisecond) // one miss: not yet
 		if w.Vetoed("a") {
 			t.Fatal("vetoed after one miss")
 		}
-		time.Sleep(time.Second) // second miss
+		elapse(time.Second) // second miss
 		synctest.Wait()
 		if !w.Vetoed("a") || w.Vetoed("b") {
 			t.Fatalf("vetoes %v, want [a]", w.Vetoes())
@@ -112,7 +117,7 @@ func TestMissesVetoThenProbeClears(t *testing.T) {
 		f.mu.Unlock()
 
 		f.set(f.down, "a", false)
-		time.Sleep(time.Second)
+		elapse(time.Second)
 		synctest.Wait()
 		if w.Vetoed("a") {
 			t.Fatal("a probe that answered did not clear the veto")
@@ -131,11 +136,11 @@ func TestFrozenPeerVetoedByTimeouts(t *testing.T) {
 		w := newWatched(f, Config{}) // defaults: 250 ms, 400 ms, 2 misses
 		stop := run(t, w)
 		defer stop()
-		time.Sleep(time.Second)
+		elapse(time.Second)
 		froze := time.Now()
 		f.set(f.frozen, "b", true)
 		for !w.Vetoed("b") {
-			time.Sleep(10 * time.Millisecond)
+			elapse(10 * time.Millisecond)
 		}
 		took := time.Since(froze)
 		t.Logf("frozen peer vetoed after %s", took)
@@ -154,11 +159,11 @@ func TestVetoExpiresAfterTTL(t *testing.T) {
 		if !w.Vetoed("a") {
 			t.Fatal("a data-path veto did not take")
 		}
-		time.Sleep(29 * time.Second)
+		elapse(29 * time.Second)
 		if !w.Vetoed("a") {
 			t.Fatal("the veto expired early")
 		}
-		time.Sleep(2 * time.Second)
+		elapse(2 * time.Second)
 		if w.Vetoed("a") {
 			t.Fatal("the veto outlived its TTL")
 		}
@@ -178,7 +183,7 @@ func TestDataPathVetoClearedByProbe(t *testing.T) {
 		defer stop()
 		w.Veto("b", errors.New("reset"))
 		w.Veto("b", errors.New("reset again")) // still one veto event
-		time.Sleep(1500 * time.Millisecond)
+		elapse(1500 * time.Millisecond)
 		synctest.Wait()
 		if w.Vetoed("b") {
 			t.Fatal("an answering probe left the veto")
@@ -204,14 +209,14 @@ func TestForgetsGonePeers(t *testing.T) {
 		})
 		stop := run(t, w)
 		defer stop()
-		time.Sleep(2500 * time.Millisecond)
+		elapse(2500 * time.Millisecond)
 		if !w.Vetoed("a") {
 			t.Fatal("not vetoed")
 		}
 		mu.Lock()
 		peers = nil
 		mu.Unlock()
-		time.Sleep(10 * time.Second)
+		elapse(10 * time.Second)
 		synctest.Wait()
 		w.mu.Lock()
 		n := len(w.peers)
