@@ -200,23 +200,47 @@ func writeDeviceTable(w io.Writer, devices []fleet.DeviceStatus, now time.Time) 
 	return tw.Flush()
 }
 
-func devicesShow(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ctl devices show", stderr)
+// connectFor parses the flags of command, which takes no argument, and
+// returns an operator API client.
+func (g *ctlGlobals) connectFor(command string, args []string, stderr io.Writer) (*control.Client, error) {
+	fs := newFlagSet(command, stderr)
+	g.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	return g.connect()
+}
+
+// deviceCommand parses the flags of command, which takes exactly one device
+// name (checked first when strict), and returns the name and an operator API
+// client.
+func (g *ctlGlobals) deviceCommand(command string, strict bool, args []string, stderr io.Writer) (string, *control.Client, error) {
+	fs := newFlagSet(command, stderr)
 	g.register(fs)
 	names, err := parseWithArgs(fs, args)
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	if len(names) != 1 {
-		return usageErrorf("ctl devices show: give exactly one device name (see '%s'), got %d", listDevicesCmd, len(names))
+		return "", nil, usageErrorf("%s: give exactly one device name (see '%s'), got %d", command, listDevicesCmd, len(names))
+	}
+	if strict {
+		if err := auth.ValidateDeviceName(names[0]); err != nil {
+			return "", nil, usageErrorf("%s: %v", command, err)
+		}
 	}
 	c, err := g.connect()
+	return names[0], c, err
+}
+
+func devicesShow(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
+	name, c, err := g.deviceCommand("ctl devices show", false, args, stderr)
 	if err != nil {
 		return err
 	}
-	link, err := c.Device(ctx, names[0])
+	link, err := c.Device(ctx, name)
 	if err != nil {
-		return fmt.Errorf("ctl devices show: %w", g.explainNotFound(err, fmt.Sprintf("device %q", names[0]), listDevicesCmd))
+		return fmt.Errorf("ctl devices show: %w", g.explainNotFound(err, fmt.Sprintf("device %q", name), listDevicesCmd))
 	}
 	if g.output == outputJSON {
 		return writeJSON(stdout, link)
@@ -225,23 +249,11 @@ func devicesShow(ctx context.Context, g *ctlGlobals, args []string, stdout, stde
 }
 
 func devicesCancel(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ctl devices cancel", stderr)
-	g.register(fs)
-	names, err := parseWithArgs(fs, args)
+	name, c, err := g.deviceCommand("ctl devices cancel", true, args, stderr)
 	if err != nil {
 		return err
 	}
-	if len(names) != 1 {
-		return usageErrorf("ctl devices cancel: give exactly one device name (see '%s'), got %d", listDevicesCmd, len(names))
-	}
-	if err := auth.ValidateDeviceName(names[0]); err != nil {
-		return usageErrorf("ctl devices cancel: %v", err)
-	}
-	c, err := g.connect()
-	if err != nil {
-		return err
-	}
-	ans, err := c.CancelDevice(ctx, names[0])
+	ans, err := c.CancelDevice(ctx, name)
 	if err != nil {
 		return fmt.Errorf("ctl devices cancel: %w", g.explain(err))
 	}
@@ -456,12 +468,7 @@ func (ew *eventWriter) write(e fleet.Event) error {
 // --- status ---
 
 func runStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ctl status", stderr)
-	g.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	c, err := g.connect()
+	c, err := g.connectFor("ctl status", args, stderr)
 	if err != nil {
 		return err
 	}

@@ -62,12 +62,7 @@ func runRoll(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr i
 }
 
 func rollSwitch(ctx context.Context, g *ctlGlobals, on bool, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ctl roll", stderr)
-	g.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	c, err := g.connect()
+	c, err := g.connectFor("ctl roll", args, stderr)
 	if err != nil {
 		return err
 	}
@@ -86,12 +81,7 @@ func rollSwitch(ctx context.Context, g *ctlGlobals, on bool, args []string, stdo
 }
 
 func rollStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ctl roll status", stderr)
-	g.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	c, err := g.connect()
+	c, err := g.connectFor("ctl roll status", args, stderr)
 	if err != nil {
 		return err
 	}
