@@ -2,28 +2,54 @@ package fleet
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// RegisterMetrics registers gauges of the fleet as this relay sees it.
+// RegisterMetrics registers gauges of the fleet as this relay sees it. One
+// Status is taken per scrape, whatever the number of gauges.
 func (m *Member) RegisterMetrics(reg prometheus.Registerer) {
-	gauge := func(name, help string, f func(Status) float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "switchboard", Subsystem: "fleet", Name: name, Help: help},
-			func() float64 { return f(m.Status()) })
+	reg.MustRegister(&statusCollector{m: m})
+}
+
+// statusGauge is one metric drawn from a Status.
+type statusGauge struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(Status) float64
+}
+
+func newGauge(name, help string, kind prometheus.ValueType, value func(Status) float64) statusGauge {
+	return statusGauge{desc: prometheus.NewDesc("switchboard_fleet_"+name, help, nil, nil), kind: kind, value: value}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
 	}
-	b2f := func(b bool) float64 {
-		if b {
-			return 1
-		}
-		return 0
+	return 0
+}
+
+var statusGauges = []statusGauge{
+	newGauge("relays", "Relays in the fleet state, fresh or not.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.Relays) }),
+	newGauge("relays_fresh", "Relays whose last heartbeat is fresh.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.FreshRelays) }),
+	newGauge("relays_draining", "Relays marked draining.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.DrainingRelays) }),
+	newGauge("devices", "Devices in the directory.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.Devices) }),
+	newGauge("devices_online", "Devices with agents on a fresh relay.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.OnlineDevices) }),
+	newGauge("nats_connected", "1 while this relay reaches the fleet state in NATS.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.NATSConnected) }),
+	newGauge("housekeeping_lease", "1 while this relay holds the housekeeping lease.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.LeaseHeld) }),
+	newGauge("draining", "1 while this relay is marked draining.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.ShouldDrain) }),
+	newGauge("events_dropped_total", "Events dropped because NATS was away and the queue was full.", prometheus.CounterValue, func(s Status) float64 { return float64(s.EventsDropped) }),
+}
+
+// statusCollector reports statusGauges from one Status per collection.
+type statusCollector struct{ m *Member }
+
+func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, g := range statusGauges {
+		ch <- g.desc
 	}
-	reg.MustRegister(
-		gauge("relays", "Relays in the fleet state, fresh or not.", func(s Status) float64 { return float64(s.Relays) }),
-		gauge("relays_fresh", "Relays whose last heartbeat is fresh.", func(s Status) float64 { return float64(s.FreshRelays) }),
-		gauge("relays_draining", "Relays marked draining.", func(s Status) float64 { return float64(s.DrainingRelays) }),
-		gauge("devices", "Devices in the directory.", func(s Status) float64 { return float64(s.Devices) }),
-		gauge("devices_online", "Devices with agents on a fresh relay.", func(s Status) float64 { return float64(s.OnlineDevices) }),
-		gauge("nats_connected", "1 while this relay reaches the fleet state in NATS.", func(s Status) float64 { return b2f(s.NATSConnected) }),
-		gauge("housekeeping_lease", "1 while this relay holds the housekeeping lease.", func(s Status) float64 { return b2f(s.LeaseHeld) }),
-		gauge("draining", "1 while this relay is marked draining.", func(s Status) float64 { return b2f(s.ShouldDrain) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "switchboard", Subsystem: "fleet", Name: "events_dropped_total",
-			Help: "Events dropped because NATS was away and the queue was full."}, func() float64 { return float64(m.events.dropped.Load()) }),
-	)
+}
+
+func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.m.Status()
+	for _, g := range statusGauges {
+		ch <- prometheus.MustNewConstMetric(g.desc, g.kind, g.value(s))
+	}
 }

@@ -179,20 +179,29 @@ func (m *Member) Status() Status {
 		LeaseHeld: m.leaseHeld.Load(), ShouldDrain: m.shouldDrain.Load(),
 		EventsDropped: m.events.dropped.Load(),
 	}
-	for _, r := range m.Relays() {
+	// Counted in place: a scrape of /metrics asks for this, and the sorted
+	// lists of Relays and Devices would cost it a copy of the directory.
+	t := time.Now()
+	fresh := map[string]bool{}
+	m.relays.mu.RLock()
+	for _, r := range m.relays.items {
 		s.Relays++
-		if r.Fresh {
+		fresh[r.ID] = m.fresh(r, t)
+		if fresh[r.ID] {
 			s.FreshRelays++
 		}
 		if r.Draining {
 			s.DrainingRelays++
 		}
 	}
-	for _, d := range m.Devices() {
+	m.relays.mu.RUnlock()
+	m.devices.mu.RLock()
+	for _, d := range m.devices.items {
 		s.Devices++
-		if d.State == StateOnline {
+		if d.Agents > 0 && fresh[d.RelayID] {
 			s.OnlineDevices++
 		}
 	}
+	m.devices.mu.RUnlock()
 	return s
 }
