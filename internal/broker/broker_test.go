@@ -24,10 +24,10 @@ import (
 // durations asserted below are exact, and synctest.Wait tells when every
 // goroutine has done all it can without time passing.
 
-// elapse lets d of the bubble's virtual time pass: the clock jumps ahead as
-// soon as every goroutine of the bubble is blocked, so no test waits in real
-// time. (It is time.Sleep, named for what it does inside a bubble.)
-func elapse(d time.Duration) { time.Sleep(d) }
+// elapse lets d of the bubble's virtual time pass on a timer of its fake
+// clock, which jumps ahead as soon as every goroutine of the bubble is
+// blocked: no test waits in real time.
+func elapse(d time.Duration) { <-time.After(d) }
 
 const dev = "dev"
 

@@ -15,14 +15,13 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// Every test runs in a synctest bubble: time.Sleep there advances virtual
-// time at once when every goroutine of the bubble is blocked, so a probe
+// Every test runs in a synctest bubble, on its virtual clock: a probe
 // schedule of seconds runs in microseconds and is exact.
 
-// elapse lets d of the bubble's virtual time pass: the clock jumps ahead as
-// soon as every goroutine of the bubble is blocked, so no test waits in real
-// time. (It is time.Sleep, named for what it does inside a bubble.)
-func elapse(d time.Duration) { time.Sleep(d) }
+// elapse lets d of the bubble's virtual time pass on a timer of its fake
+// clock, which jumps ahead as soon as every goroutine of the bubble is
+// blocked: no test waits in real time.
+func elapse(d time.Duration) { <-time.After(d) }
 
 // fakePeers is a set of peers whose probes the test controls.
 type fakePeers struct {
