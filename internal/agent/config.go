@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -44,7 +43,8 @@ type Config struct {
 	// Token is the agent's credential, sent as a bearer token. Default none
 	// (for relays that allow anonymous agents).
 	Token string
-	// RootCAs verifies the relay's certificate; nil means the system pool.
+	// RootCAs verifies the relays' certificates (see tlsconf.LoadCAPool);
+	// nil means the system pool.
 	RootCAs *x509.CertPool
 	// Protocol is the protocol to speak: ProtocolNative (the default), which
 	// falls back to ProtocolLongPoll against a relay that lacks the tunnel,
@@ -131,19 +131,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("unknown protocol %q: use %q or %q", c.Protocol, ProtocolNative, ProtocolLongPoll))
 	}
 	return errors.Join(errs...)
-}
-
-// LoadRootCAs reads PEM certificates from path into a new pool.
-func LoadRootCAs(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read root CA file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("root CA file %s holds no PEM certificate", path)
-	}
-	return pool, nil
 }
 
 func (c *Config) tlsConfig() *tls.Config {

@@ -3,6 +3,7 @@ package auth
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 // FuzzAuthenticate feeds arbitrary strings to Authenticate: it must never
@@ -39,6 +40,40 @@ func FuzzAuthenticate(f *testing.F) {
 			t.Fatalf("Authenticate(%q) = %v, an undocumented error", token, err)
 		case err != nil && issued[token]:
 			t.Fatalf("Authenticate refused issued token: %v", err)
+		}
+	})
+}
+
+// FuzzAuthenticateSession feeds arbitrary admin page cookies to
+// AuthenticateSession: no panic, only documented errors, and only the
+// sessions it made are accepted.
+func FuzzAuthenticateSession(f *testing.F) {
+	s := newTokens(f)
+	_, tok := mustCreate(f, s, CreateRequest{Kind: KindUser, Name: "alice"})
+	issued := map[string]bool{}
+	for _, ttl := range []time.Duration{time.Hour, 2 * time.Hour} {
+		c, err := s.NewSession(tok.ID, ttl)
+		if err != nil {
+			f.Fatal(err)
+		}
+		issued[c] = true
+		f.Add(c)
+		f.Add(c[:len(c)-1])
+	}
+	f.Add("")
+	f.Add("tok.1.x")
+	f.Add("..")
+	f.Fuzz(func(t *testing.T, cookie string) {
+		p, err := s.AuthenticateSession(cookie)
+		switch {
+		case err == nil && !issued[cookie]:
+			t.Fatalf("accepted %q, never issued", cookie)
+		case err == nil && p.TokenID != tok.ID:
+			t.Fatalf("session of %q", p.TokenID)
+		case err != nil && !errors.Is(err, ErrNoToken) && !errors.Is(err, ErrInvalidToken) && !errors.Is(err, ErrSessionExpired):
+			t.Fatalf("undocumented error %v", err)
+		case err != nil && issued[cookie]:
+			t.Fatalf("refused an issued session: %v", err)
 		}
 	})
 }

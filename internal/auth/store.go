@@ -252,6 +252,20 @@ func (s *Store) Authenticate(token string) (Principal, error) {
 	return Principal{TokenID: tok.ID, Kind: tok.Kind, Name: tok.Name, Devices: slices.Clone(tok.Devices)}, nil
 }
 
+// Principal returns the identity of the live token with id, for a
+// credential derived from it (an access code, a session) whose signature
+// was checked elsewhere; ok is false once the token is revoked or gone.
+func (s *Store) Principal(id string) (p Principal, ok bool) {
+	s.mu.RLock()
+	e := s.entries[id]
+	s.mu.RUnlock()
+	if !e.active() {
+		return Principal{}, false
+	}
+	tok := e.tok.tok
+	return Principal{TokenID: tok.ID, Kind: tok.Kind, Name: tok.Name, Devices: slices.Clone(tok.Devices)}, true
+}
+
 // AuthenticateKind is Authenticate for a place that takes one kind of token
 // only: a valid token of another kind yields an error wrapping ErrWrongKind,
 // so the caller can say which token it needs.

@@ -245,6 +245,27 @@ func (b *Broker) CancelDevice(device string, err error) int {
 	return len(doomed)
 }
 
+// FailAgent fails, with err, every request that the agent credential
+// agentID took and has not finished answering: the credential was revoked,
+// and the agent's next answer would be refused. It returns how many.
+func (b *Broker) FailAgent(agentID string, err error) int {
+	if agentID == "" {
+		return 0
+	}
+	b.mu.Lock()
+	var doomed []*Exchange
+	for _, ex := range b.exchanges {
+		if ex.state.Load() == stateTaken && ex.agentID == agentID {
+			doomed = append(doomed, ex)
+		}
+	}
+	b.mu.Unlock()
+	for _, ex := range doomed {
+		ex.fail(err)
+	}
+	return len(doomed)
+}
+
 // ForgetDevice ends the polls waiting for device (answered 408, so that
 // their agents poll again at once, wherever they are routed now) and
 // forgets its agents, so that it counts as detached here. Requests in

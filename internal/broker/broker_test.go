@@ -1299,3 +1299,35 @@ func TestForgetDeviceDuringPoll(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// TestFailAgentEndsWhatARevokedAgentTook checks that revoking an agent's
+// credential fails the requests it took and is answering (before and after
+// the response head), and leaves other agents' requests alone.
+func TestFailAgentEndsWhatARevokedAgentTook(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, testConfig())
+		revoked := errors.New("revoked")
+		_, pending := f.take("agent-a", "", userReq(dev, "/pending", nil))
+		_, streaming := f.open("agent-a", userReq(dev, "/stream", nil))
+		otherEx, otherRC := f.take("agent-b", "", userReq(dev, "/other", nil))
+		if n := f.b.FailAgent("agent-a", &broker.Error{Status: http.StatusBadGateway, Err: revoked, Message: "revoked"}); n != 2 {
+			t.Fatalf("FailAgent failed %d requests, want 2", n)
+		}
+		synctest.Wait()
+		if r := now(t, pending); !errors.Is(r.err, revoked) {
+			t.Errorf("request not yet answered: %v, want the revocation", r.err)
+		}
+		if _, err := io.ReadAll(streaming.Body); !errors.Is(err, revoked) {
+			t.Errorf("streamed body: %v, want the revocation", err)
+		}
+		if f.b.FailAgent("", revoked) != 0 {
+			t.Error("anonymous agents matched")
+		}
+		if err := f.b.Deliver(t.Context(), "agent-b", head(otherEx.ID, http.StatusOK)); err != nil {
+			t.Fatalf("another agent's request: %v", err)
+		}
+		if r := now(t, otherRC); r.err != nil {
+			t.Errorf("another agent's request: %v", r.err)
+		}
+	})
+}

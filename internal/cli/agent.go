@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/tlsconf"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -38,7 +39,8 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.protocol, "protocol", agent.ProtocolNative, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
 	fs.BoolVar(&f.websocket, "websocket", false, "carry the native tunnel in a WebSocket (for paths that pass only websockets)")
 	fs.StringVar(&f.prefix, "relay-prefix", "", "`path` put before the agent endpoints, for an ingress that routes by prefix")
-	fs.StringVar(&f.rootCA, "root-ca-file", "", "PEM `file` of CAs that sign the relay's certificate")
+	fs.StringVar(&f.rootCA, "ca-file", "", "PEM `file` of the CAs that sign the relays' certificates (https:// relays); empty = the system roots")
+	fs.StringVar(&f.rootCA, "root-ca-file", "", "another name of --ca-file")
 	fs.BoolVar(&f.preserveHost, "preserve-host", true, "send the user's Host header to the backend")
 	fs.IntVar(&f.maxChunk, "max-chunk-size", 1<<20, "most response `bytes` posted per chunk")
 	fs.IntVar(&f.blockSize, "block-size", 64<<10, "read size from the backend in `bytes`")
@@ -57,7 +59,7 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.backendPath, "backend_path", "", "reference name: path put before every backend request")
 	fs.BoolVar(&f.preserveHost, "preserve_host", true, "reference name of --preserve-host")
 	fs.StringVar(&f.tokenFile, "authentication_token_file", "", "reference name of --token-file")
-	fs.StringVar(&f.rootCA, "root_ca_file", "", "reference name of --root-ca-file")
+	fs.StringVar(&f.rootCA, "root_ca_file", "", "reference name of --ca-file")
 	fs.IntVar(&f.maxChunk, "max_chunk_size", 1<<20, "reference name of --max-chunk-size")
 	fs.IntVar(&f.blockSize, "block_size", 64<<10, "reference name of --block-size")
 	fs.IntVar(&f.pending, "num_pending_requests", 1, "reference name of --num-pending-requests")
@@ -108,8 +110,8 @@ func (f *agentFlags) config() (agent.Config, error) {
 	}
 	cfg.Token = token
 	if f.rootCA != "" {
-		if cfg.RootCAs, err = agent.LoadRootCAs(f.rootCA); err != nil {
-			return cfg, err
+		if cfg.RootCAs, err = tlsconf.LoadCAPool(f.rootCA); err != nil {
+			return cfg, fmt.Errorf("--ca-file: %w", err)
 		}
 	}
 	return cfg, nil

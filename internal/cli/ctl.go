@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,12 +18,14 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/control"
+	"github.com/switchboard-relay/switchboard/internal/tlsconf"
 )
 
 // Defaults of the ctl global flags.
 const (
 	defaultAdminURL  = "http://127.0.0.1:9090"
 	defaultTokenFile = "./switchboard-data/admin.token"
+	ctlTimeout       = 30 * time.Second // bounds each call, as control.Client's default
 )
 
 // Output formats of ctl.
@@ -31,7 +34,7 @@ const (
 	outputJSON  = "json"
 )
 
-const ctlUsage = `usage: switchboard ctl [--admin URL] [--token-file PATH] [-o table|json] <command>
+const ctlUsage = `usage: switchboard ctl [--admin URL] [--token-file PATH] [--ca-file PATH] [-o table|json] <command>
 
 commands:
   relays list           list the relays of the fleet, fresh or not
@@ -45,7 +48,10 @@ commands:
   tokens create --user NAME [--device NAME...]
                         create a user token (no --device: every device)
   tokens list           list tokens (never their secrets)
-  tokens revoke ID      revoke a token on every relay
+  tokens revoke ID      revoke a token on every relay; what it let in is cut
+  codes create DEVICE [--path P] [--ttl 30s] [--url BASE]
+                        a single-use access code (at most 60 s) to open DEVICE in a
+                        browser or a websocket without a token; works with a user token
   events [--limit N] [--follow]
                         show the fleet's last events; --follow prints new ones until Ctrl-C
   status                summarise the fleet as the relay at --admin sees it
@@ -54,6 +60,9 @@ commands:
                         until it is empty, updated and back; resumable
   roll enable|disable   allow or forbid rolling updates for the fleet (off at first)
   roll status           show whether rolls are allowed and the roll in progress
+  secret status         show the fleet secret's fingerprints and which relays run which
+  secret rotate [--grace 8h]
+                        replace the fleet secret without downtime: accept, sign, drop; resumable
 
 --device takes names or globs such as robot-*, repeated or comma-separated.
 The global flags may also follow the command. -o json output is stable; see
@@ -63,12 +72,13 @@ flags:
 `
 
 // ctlCommands are the ctl commands this build has.
-const ctlCommands = "relays, devices, tokens, events, status, roll"
+const ctlCommands = "relays, devices, tokens, codes, events, status, roll, secret"
 
 // ctlGlobals are the flags every ctl command takes.
 type ctlGlobals struct {
 	admin     string
 	tokenFile string
+	caFile    string // CAs of an https:// admin listener; empty = the system roots
 	output    string
 }
 
@@ -77,6 +87,7 @@ type ctlGlobals struct {
 func (g *ctlGlobals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.admin, "admin", g.admin, "operator API `URL` of any relay")
 	fs.StringVar(&g.tokenFile, "token-file", g.tokenFile, "`file` holding the admin token (a relay writes <data>/admin.token)")
+	fs.StringVar(&g.caFile, "ca-file", g.caFile, "PEM `file` of the CAs that sign an https:// admin listener's certificate; empty = the system roots")
 	fs.StringVar(&g.output, "o", g.output, "output `format`: table or json")
 }
 
@@ -107,13 +118,27 @@ func (g *ctlGlobals) client() (*control.Client, error) {
 	if token == "" {
 		return nil, fmt.Errorf("the admin token file %s is empty; pass --token-file with a relay's <data>/admin.token", g.tokenFile)
 	}
-	return &control.Client{BaseURL: base, Token: token}, nil
+	c := &control.Client{BaseURL: base, Token: token}
+	if g.caFile != "" {
+		tc, err := tlsconf.Client(g.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-file: %w", err)
+		}
+		c.HTTPClient = &http.Client{Timeout: ctlTimeout, Transport: &http.Transport{
+			Proxy:             http.ProxyFromEnvironment,
+			TLSClientConfig:   tc,
+			ForceAttemptHTTP2: true,
+		}}
+	}
+	return c, nil
 }
 
 // explain adds what a person can do about a failed API call.
 func (g *ctlGlobals) explain(err error) error {
 	var apiErr *control.APIError
 	switch {
+	case errors.As(err, new(*tls.CertificateVerificationError)):
+		return fmt.Errorf("%w (the admin listener's certificate is not trusted here; pass --ca-file with the CA that signed it)", err)
 	case errors.Is(err, control.ErrUnreachable):
 		return fmt.Errorf("%w (is a relay's admin listener at %s? set --admin)", err, g.admin)
 	case errors.As(err, &apiErr) && (apiErr.Status == http.StatusUnauthorized || apiErr.Status == http.StatusForbidden):
@@ -147,12 +172,16 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return runDevices(ctx, g, rest[1:], stdout, stderr)
 	case "tokens":
 		return runTokens(ctx, g, rest[1:], stdout, stderr)
+	case "codes":
+		return runCodes(ctx, g, rest[1:], stdout, stderr)
 	case "events":
 		return runEvents(ctx, g, rest[1:], stdout, stderr)
 	case "status":
 		return runStatus(ctx, g, rest[1:], stdout, stderr)
 	case "roll":
 		return runRoll(ctx, g, rest[1:], stdout, stderr)
+	case "secret":
+		return runSecret(ctx, g, rest[1:], stdout, stderr)
 	default:
 		return usageErrorf("ctl: unknown command %q; available: %s", rest[0], ctlCommands)
 	}

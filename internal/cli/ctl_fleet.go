@@ -499,7 +499,18 @@ func writeStatus(w io.Writer, st fleet.Status) error {
 	fmt.Fprintf(tw, "relays\t%d (%d fresh, %d draining)\n", st.Relays, st.FreshRelays, st.DrainingRelays)
 	fmt.Fprintf(tw, "devices\t%d (%d online)\n", st.Devices, st.OnlineDevices)
 	fmt.Fprintf(tw, "events dropped\t%d\n", st.EventsDropped)
-	return tw.Flush()
+	if st.SecretFingerprint != "" {
+		fmt.Fprintf(tw, "fleet secret\t%s (from %s)\n", st.SecretFingerprint, orDash(st.SecretSource))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(st.SecretMismatch) > 0 {
+		_, err := fmt.Fprintf(w, "WARNING: relay(s) %s run another fleet secret than the fleet: forwards between them and the other relays are refused; see 'switchboard ctl secret status' and docs/fleet-secret.md\n",
+			strings.Join(st.SecretMismatch, ", "))
+		return err
+	}
+	return nil
 }
 
 // --- formatting ---

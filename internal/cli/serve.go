@@ -15,16 +15,28 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
 
 // serveFlags binds the flags of 'switchboard serve' to a node.Config.
 func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, nats *string) {
-	fs.StringVar(&cfg.Listen, "listen", ":8080", "public `address` for users and agents (HTTP/1.1 and h2c)")
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "public `address` for users and agents (HTTP/1.1 and h2c; with --tls-cert HTTPS)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", "127.0.0.1:9090", "`address` of the operator API, admin page, /metrics, /healthz and /readyz")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate `file` (with its chain): the public listener serves HTTPS (HTTP/1.1 and HTTP/2); reloaded when replaced")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key `file` of --tls-cert")
+	fs.StringVar(&cfg.AdminTLSCertFile, "admin-tls-cert", "", "PEM certificate `file`: the admin listener serves HTTPS; reloaded when replaced")
+	fs.StringVar(&cfg.AdminTLSKeyFile, "admin-tls-key", "", "PEM private key `file` of --admin-tls-cert")
+	fs.StringVar(&cfg.PeerCAFile, "peer-ca-file", "", "PEM `file` of the CAs that sign the other relays' certificates (https:// peers); empty = the system roots")
 	fs.StringVar(&cfg.DataDir, "data", "./switchboard-data", "data `dir`: embedded NATS store and admin token")
 	nats = fs.String("nats", "", "NATS `URLs`, comma-separated; empty starts an embedded NATS server")
-	fs.StringVar(&cfg.NATSListen, "nats-listen", "", "`address` where the embedded NATS server also accepts other relays; empty = in-process only")
+	fs.StringVar(&cfg.NATSListen, "nats-listen", "", "`address` where the embedded NATS server also accepts other relays (:4333 = loopback only; other machines need a named address and credentials); empty = in-process only")
+	fs.StringVar(&cfg.NATSCredentials.User, "nats-user", "", "NATS user `name`; the password comes from --nats-password-file")
+	fs.StringVar(&cfg.NATSCredentials.PasswordFile, "nats-password-file", "", "`file` holding the NATS user's password")
+	fs.StringVar(&cfg.NATSCredentials.TokenFile, "nats-token-file", "", "`file` holding a NATS authorization token")
+	fs.StringVar(&cfg.NATSCredentials.NkeySeedFile, "nats-nkey-file", "", "`file` holding a NATS nkey user seed (SU…, from 'nk -gen user')")
+	fs.StringVar(&cfg.NATSCredentials.CredsFile, "nats-creds", "", "NATS .creds `file` (user JWT and seed) for an operator-mode NATS; external NATS only")
+	fs.StringVar(&cfg.NATSCAFile, "nats-ca-file", "", "PEM `file` of the CAs that sign the external NATS servers' certificates (tls:// URLs)")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "the `URL` other relays and agents use to reach this one; empty derives it from --listen")
 	fs.StringVar(&cfg.Region, "region", "", "region `label` used by fleet ranking")
 	fs.DurationVar(&cfg.Fleet.BeatInterval, "heartbeat-interval", fleet.DefaultBeatInterval, "how often the relay writes its heartbeat to the fleet state (`interval`)")
@@ -39,6 +51,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", time.Second, "on SIGTERM, keep the public listener open at least this `long` after /readyz turns false, for load balancers to notice")
 	fs.DurationVar(&cfg.DrainSpread, "drain-spread", 5*time.Second, "a drained relay asks its native agents to move over this `window`")
 	fs.DurationVar(&cfg.Fleet.LeaseTTL, "lease-ttl", fleet.DefaultLeaseTTL, "length of the housekeeping lease: another relay takes over at most this `long` plus a third after its holder dies")
+	fs.StringVar(&cfg.Fleet.SecretFile, "fleet-secret-file", "", "run the fleet secret in this `file` (first line signs, further lines accepted; base64 or hex) instead of the fleet's stored one; re-read when it changes. Every relay must agree: see docs/fleet-secret.md")
 	port = fs.Int("port", 0, "alias of --listen :`PORT` (compatibility with the reference relay)")
 	fs.IntVar(&cfg.Broker.BlockSize, "block_size", 10240, "most user `bytes` handed to a long-poll agent per requeststream call")
 	fs.DurationVar(&cfg.Broker.InactiveRequestTimeout, "inactive_request_timeout", 60*time.Second, "504 when a long-poll agent sends nothing for this `long`")
@@ -48,8 +61,11 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.IntVar(&cfg.Broker.MaxPendingPerDevice, "max-pending-per-device", 64, "user `requests` that may wait for one device's agent; more get 503")
 	fs.Int64Var(&cfg.Broker.MaxBodyBytes, "max-request-body", 64<<20, "largest user request body in `bytes` for long-poll agents; larger gets 413")
 	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block in `bytes`")
+	fs.DurationVar(&cfg.IdleStreamTimeout, "idle-stream-timeout", 60*time.Second, "cut a request when no byte moved either way for this `long` while the relay waited on the client (408 for a stalled body); negative = never")
+	fs.IntVar(&cfg.MaxStreamsPerAgent, "max-streams-per-agent", tunnel.DefaultMaxStreams, "most `requests` in flight to one native agent; beyond, users get 503 with Retry-After")
 	fs.DurationVar(&cfg.Liveness.Interval, "tunnel-ping-interval", 400*time.Millisecond, "native tunnels: `interval` of the agents' pings; the relay pings after twice this silence")
 	fs.DurationVar(&cfg.Liveness.Timeout, "tunnel-ping-timeout", 800*time.Millisecond, "native tunnels: the relay gives a silent agent up after half this `long` past its own ping")
+	fs.DurationVar(&cfg.SessionTTL, "session-ttl", 8*time.Hour, "how `long` the browser session an access code opens lasts (revoking the token ends it sooner)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 25*time.Second, "how `long` a graceful shutdown lets requests and streams finish")
 	fs.BoolVar(&cfg.AllowAnonymousUsers, "allow-anonymous-users", false, "users need no token (local demos, or an authenticating proxy in front)")
 	fs.BoolVar(&cfg.AllowAnonymousAgents, "allow-anonymous-agents", false, "agents need no token (reference agents behind an authenticating ingress)")

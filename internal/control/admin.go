@@ -187,7 +187,12 @@ func (p *adminPage) login(w http.ResponseWriter, r *http.Request) {
 		p.render(w, http.StatusBadRequest, "signin", signInView{pageHead: head("Sign in"), Message: "The sign-in form could not be read: " + err.Error()})
 		return
 	}
+	if err := p.h.checkBackoff(r); err != nil {
+		p.render(w, http.StatusTooManyRequests, "signin", signInView{pageHead: head("Sign in"), Message: err.Error() + "."})
+		return
+	}
 	pr, err := tokens.AuthenticateKind(strings.TrimSpace(r.PostForm.Get("token")), auth.KindAdmin)
+	p.h.noteAuth(r, err)
 	if err != nil {
 		status, msg := http.StatusUnauthorized, "Invalid admin token (unknown, revoked or mistyped): "+adminTokenHint+"."
 		switch {

@@ -247,3 +247,10 @@ func (c *Client) SaveRoll(ctx context.Context, s fleet.RollState) error {
 func (c *Client) ClearRoll(ctx context.Context) error {
 	return c.do(ctx, http.MethodDelete, PathRoll+"/state", nil, http.StatusNoContent, nil)
 }
+
+// CreateCode asks for a single-use access code.
+func (c *Client) CreateCode(ctx context.Context, req CodeRequest) (CreatedCode, error) {
+	var out CreatedCode
+	err := c.do(ctx, http.MethodPost, PathCodes, req, http.StatusCreated, &out)
+	return out, err
+}

@@ -90,6 +90,7 @@ func (h *handler) routeFleet(mux *http.ServeMux) {
 	mux.Handle("PUT "+PathRoll+"/enabled", h.admin(h.fleetOnly(h.setRollEnabled)))
 	mux.Handle("PUT "+PathRoll+"/state", h.admin(h.fleetOnly(h.saveRoll)))
 	mux.Handle("DELETE "+PathRoll+"/state", h.admin(h.fleetOnly(h.clearRoll)))
+	h.routeSecret(mux)
 }
 
 // fleetOnly answers 503 when the relay has no fleet state.

@@ -1,17 +1,21 @@
 package control
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/limit"
 )
 
 // Log attribute keys used by this package.
@@ -40,6 +44,16 @@ type Config struct {
 	// Fleet is the fleet state behind the relays, devices, events and
 	// status endpoints. Without it they answer 503.
 	Fleet Fleet
+	// Codes issues single-use access codes (POST /api/v1/codes) for the
+	// calling user or admin; nil answers 503.
+	Codes CodeIssuer
+	// Bind, if set, files each authenticated request under its token, so
+	// that revoking the token cuts it (an event follow, say).
+	Bind func(ctx context.Context, tokenID string)
+	// AuthFailures, if set, backs off client addresses that keep
+	// presenting invalid tokens (API and sign-in form): 429 with
+	// Retry-After.
+	AuthFailures *limit.Limiter
 	// Logger receives API failures. Nil discards.
 	Logger *slog.Logger
 }
@@ -68,6 +82,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.Handle("POST "+PathTokens, h.admin(h.createToken))
 	mux.Handle("GET "+PathTokens, h.admin(h.listTokens))
 	mux.Handle("DELETE "+PathTokens+"/{id}", h.admin(h.revokeToken))
+	mux.Handle("POST "+PathCodes, h.adminOrUser(h.createCode))
 	h.routeFleet(mux)
 	h.routeAdmin(mux)
 	return mux
@@ -108,12 +123,23 @@ func (h *handler) authorized(users bool, next principalHandler) http.Handler {
 			writeError(w, http.StatusServiceUnavailable, "the token store is not available on this relay")
 			return
 		}
+		if err := h.checkBackoff(r); err != nil {
+			var re *limit.RefusedError
+			errors.As(err, &re)
+			w.Header().Set("Retry-After", strconv.Itoa(int(re.RetryAfterDelay()/time.Second)))
+			writeError(w, http.StatusTooManyRequests, err.Error())
+			return
+		}
 		p, err := h.cfg.Tokens.Authenticate(bearerToken(r))
+		h.noteAuth(r, err)
 		if err == nil && p.Kind != auth.KindAdmin && !(users && p.Kind == auth.KindUser) {
 			err = auth.ErrWrongKind
 		}
 		switch {
 		case err == nil:
+			if h.cfg.Bind != nil {
+				h.cfg.Bind(r.Context(), p.TokenID)
+			}
 			next(w, r, p)
 		case errors.Is(err, auth.ErrWrongKind) && users:
 			writeError(w, http.StatusForbidden, "this endpoint needs an admin or user token, not an agent token")
@@ -127,6 +153,26 @@ func (h *handler) authorized(users bool, next principalHandler) http.Handler {
 			writeError(w, http.StatusUnauthorized, "invalid admin token (unknown, revoked or malformed): "+adminTokenHint)
 		}
 	})
+}
+
+// checkBackoff refuses a client address that failed too often lately.
+func (h *handler) checkBackoff(r *http.Request) error {
+	if h.cfg.AuthFailures == nil {
+		return nil
+	}
+	return h.cfg.AuthFailures.Check(limit.ClientIP(r, nil))
+}
+
+// noteAuth counts the outcome of checking a presented token: only an
+// invalid token is a failure, not a missing one.
+func (h *handler) noteAuth(r *http.Request, err error) {
+	switch {
+	case h.cfg.AuthFailures == nil || errors.Is(err, auth.ErrNoToken):
+	case errors.Is(err, auth.ErrInvalidToken):
+		h.cfg.AuthFailures.Fail(limit.ClientIP(r, nil))
+	case err == nil:
+		h.cfg.AuthFailures.Succeed(limit.ClientIP(r, nil))
+	}
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>" header,

@@ -57,6 +57,11 @@ type Config struct {
 	// third of it, so another node takes over at most LeaseTTL plus a third
 	// after its holder dies. Default 3 s.
 	LeaseTTL time.Duration
+	// SecretFile, if set, is a file holding the fleet secret this relay
+	// runs instead of the stored one (--fleet-secret-file): the first
+	// secret signs, the others are accepted. It is read again when its
+	// content changes. Default: the fleet's stored secret, followed live.
+	SecretFile string
 	// Local reports this relay's own state. Required.
 	Local Local
 	// OnShouldDrain is called when the stored drain flag of this relay

@@ -58,6 +58,13 @@ type Relay struct {
 	// BeatIntervalMS is the relay's heartbeat interval, so that readers can
 	// tell how late a beat is.
 	BeatIntervalMS int64 `json:"beat_interval_ms"`
+	// SecretFingerprint names the fleet secret the relay signs forwards
+	// with, SecretAccepted every one it accepts (the signing one first), and
+	// SecretSource where it gets them: "fleet" (the stored record) or "file"
+	// (--fleet-secret-file). Relays of earlier versions report none.
+	SecretFingerprint string   `json:"secret_fingerprint,omitempty"`
+	SecretAccepted    []string `json:"secret_accepted,omitempty"`
+	SecretSource      string   `json:"secret_source,omitempty"`
 }
 
 // Attachment is a device's entry in BucketDevices, as JSON: the relay that
@@ -91,6 +98,9 @@ const (
 	EventDeviceDetached = "device.detached"
 	EventDeviceReaped   = "device.reaped"
 	EventLeaseTaken     = "housekeeping.lease"
+	EventSecretMismatch = "secret.mismatch" // a relay runs another fleet secret than the fleet
+	EventSecretParity   = "secret.parity"   // a relay no longer does
+	EventSecretRotation = "secret.rotation" // a step of a rotation, or an old secret dropped
 )
 
 // Event is one entry of the fleet's event log (StreamEvents).

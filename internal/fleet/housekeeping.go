@@ -12,6 +12,7 @@ import (
 // housekeeping is the lease holder's memory between sweeps.
 type housekeeping struct {
 	fresh map[string]bool // each relay's freshness at the last sweep
+	odd   map[string]bool // the relays odd by secret parity at the last sweep
 }
 
 // housekeepingLoop tries for the lease every third of its length and, while
@@ -63,7 +64,8 @@ func (m *Member) lastKnownFreshness() map[string]bool {
 }
 
 // sweep raises stale and fresh events, detaches the devices of lost relays,
-// and reaps relays and devices abandoned for ReapAfter.
+// reaps relays and devices abandoned for ReapAfter, raises secret parity
+// events and drops old fleet secrets whose grace ended.
 func (m *Member) sweep(ctx context.Context, t time.Time) {
 	devs := m.devices.all()
 	attached := map[string][]string{} // relay id → devices with agents
@@ -96,6 +98,8 @@ func (m *Member) sweep(ctx context.Context, t time.Time) {
 			m.reapDevice(ctx, d)
 		}
 	}
+	m.checkSecretParity(t)
+	m.retireSecrets(ctx, t)
 }
 
 // detachLost marks the devices of a relay stale beyond the lost window as

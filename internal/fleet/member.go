@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
@@ -35,6 +36,12 @@ type Member struct {
 	relays   *mirror[Relay]
 	devices  *mirror[Attachment]
 	events   *eventLog
+
+	secrets    *secret.Ring               // the fleet secret this relay runs
+	secretRec  *mirror[SecretRecord]      // the stored fleet secret, whatever the source
+	secretKick chan struct{}              // asks the secret loop to look now
+	secretView atomic.Pointer[secretView] // the other relays' secrets, for routing
+	sec        secretState                // used by the secret loop only, and Open before it
 
 	loads       relayLoads    // devices attached per relay, from the directory
 	kick        chan struct{} // asks for a reconcile of the attachments
@@ -77,15 +84,32 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		movedAway: map[string]bool{},
 		wroteAt:   map[string]time.Time{},
 		lostSince: map[string]time.Time{},
+
+		secretKick: make(chan struct{}, 1),
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
 		return nil, err
 	}
 	m.relaysKV, m.devsKV, m.leaseKV, m.fleetKV = s.relays, s.devices, s.leases, s.fleet
+	if err := m.openSecret(ctx); err != nil {
+		return nil, err
+	}
 	stream := s.events
 	m.events = newEventLog(st.JetStream(), stream, m.log)
-	m.relays = newMirror[Relay](m.relaysKV, m.log, cfg.OnChange)
+	m.relays = newMirror[Relay](m.relaysKV, m.log, func() {
+		m.refreshSecretView()
+		cfg.OnChange()
+	})
+	// An operator's drain (or undrain) of this relay takes effect at once,
+	// not at the next heartbeat: the beat that applies it is sent now.
+	m.relays.onApply = func(_, nw *Relay) {
+		if nw != nil && nw.ID == m.cfg.RelayID && nw.Draining != m.shouldDrain.Load() {
+			m.BeatNow()
+		}
+	}
+	m.secretRec = newMirror[SecretRecord](m.fleetKV, m.log, m.kickSecret)
+	m.secretRec.keys = []string{SecretRecordKey}
 	m.devices = newMirror[Attachment](m.devsKV, m.log, func() {
 		m.Changed()
 		cfg.OnChange()
@@ -96,10 +120,12 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 	m.cancel = cancel
 	m.wg.Go(func() { m.relays.run(runCtx) })
 	m.wg.Go(func() { m.devices.run(runCtx) })
+	m.wg.Go(func() { m.secretRec.run(runCtx) })
 	m.wg.Go(func() { m.events.run(runCtx) })
 	st.OnReconnect(func() {
 		m.relays.Resync()
 		m.devices.Resync()
+		m.secretRec.Resync()
 		m.Changed()
 	})
 
@@ -118,6 +144,8 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("first heartbeat: %w", err)
 	}
 	m.reachable.Store(true)
+	m.refreshSecretView()
+	m.wg.Go(func() { m.secretLoop(runCtx) })
 	m.wg.Go(func() { m.beatLoop(runCtx) })
 	m.wg.Go(func() { m.reconcileLoop(runCtx) })
 	m.wg.Go(func() { m.housekeepingLoop(runCtx) })
@@ -152,12 +180,13 @@ func ensureState(ctx context.Context, st *store.Store) (state, error) {
 	return s, err
 }
 
-// waitSynced waits until both mirrors completed their first full read.
+// waitSynced waits until the mirrors completed their first full read.
 func (m *Member) waitSynced(ctx context.Context) error {
 	for {
 		a, _ := m.relays.status()
 		b, _ := m.devices.status()
-		if a && b {
+		c, _ := m.secretRec.status()
+		if a && b && c {
 			return nil
 		}
 		select {
@@ -267,6 +296,7 @@ func (m *Member) beatLoop(ctx context.Context) {
 			m.log.Info("fleet state reachable again; heartbeat and attachments re-published")
 			m.relays.Resync()
 			m.devices.Resync()
+			m.secretRec.Resync()
 			m.Changed()
 		case err != nil && ctx.Err() == nil && m.reachable.Swap(false):
 			m.log.Warn("fleet state unreachable; serving what this relay already knows", "error", err)
@@ -285,6 +315,7 @@ func (m *Member) beat(ctx context.Context) error {
 		Version: m.cfg.Version, Healthy: local.Healthy(), Stopping: stopping,
 		ForwardSessions: len(local.Presence()), MaxForward: m.cfg.MaxForward,
 		AgentSessions: local.AgentSessions(), StartedAt: m.started,
+		SecretFingerprint: m.secrets.Fingerprint(), SecretAccepted: m.secrets.Accepted(), SecretSource: m.SecretSource(),
 	}, m.cfg.BeatInterval)
 	if err != nil {
 		return err

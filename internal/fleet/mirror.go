@@ -26,6 +26,10 @@ type mirror[T any] struct {
 
 	resync chan struct{} // asks the loop to restart its watch
 
+	// keys, if set before run, are the only keys watched; the others of
+	// the bucket may hold other things.
+	keys []string
+
 	// onReload and onApply, if set, keep something derived from the items
 	// current: onReload after a full read, onApply after each change (old
 	// or new nil for an insert or a delete). Both run with the mirror's
@@ -81,7 +85,13 @@ var errResync = errors.New("resync requested")
 func (m *mirror[T]) watchOnce(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w, err := m.kv.WatchAll(wctx)
+	var w jetstream.KeyWatcher
+	var err error
+	if len(m.keys) > 0 {
+		w, err = m.kv.WatchFiltered(wctx, m.keys)
+	} else {
+		w, err = m.kv.WatchAll(wctx)
+	}
 	if err != nil {
 		return err
 	}

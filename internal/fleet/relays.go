@@ -71,6 +71,10 @@ type Report struct {
 	MaxForward      int
 	AgentSessions   int
 	StartedAt       time.Time // when the relay process started
+	// The fleet secret the relay runs: see Relay.
+	SecretFingerprint string
+	SecretAccepted    []string
+	SecretSource      string
 }
 
 // BeatAnswer is what a heartbeat learns back.
@@ -96,6 +100,7 @@ func beat(ctx context.Context, kv jetstream.KeyValue, id string, r Report, inter
 			EnrolledAt: cur.EnrolledAt, StartedAt: r.StartedAt, LastSeenAt: t,
 			ForwardSessions: r.ForwardSessions, MaxForward: r.MaxForward,
 			AgentSessions: r.AgentSessions, BeatIntervalMS: interval.Milliseconds(),
+			SecretFingerprint: r.SecretFingerprint, SecretAccepted: r.SecretAccepted, SecretSource: r.SecretSource,
 		}
 		if !found {
 			next.EnrolledAt = t

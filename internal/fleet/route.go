@@ -125,15 +125,18 @@ func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []Ta
 	return out
 }
 
-// secretKey is the key of the peer secret in BucketFleet.
+// secretKey is the key of the raw peer secret of earlier versions in
+// BucketFleet; the fleet secret is the SecretRecord under SecretRecordKey.
 const secretKey = "peer_secret"
 
-// BucketFleet holds fleet-wide settings: the peer secret.
+// BucketFleet holds fleet-wide settings: the fleet secret, rolling updates.
 const BucketFleet = "switchboard_fleet"
 
-// PeerSecret returns the fleet's peer secret, creating it on first use; the
-// first relay to create it wins and every relay reads the same one.
-func PeerSecret(ctx context.Context, kv jetstream.KeyValue, fresh func() []byte) ([]byte, error) {
+// legacyPeerSecret returns the raw peer secret that relays of earlier
+// versions read at start, creating it on first use; the first relay to
+// create it wins and every relay reads the same one. The fleet secret
+// record adopts it (loadSecretRecord).
+func legacyPeerSecret(ctx context.Context, kv jetstream.KeyValue, fresh func() []byte) ([]byte, error) {
 	for range maxAttempts {
 		e, err := kv.Get(ctx, secretKey)
 		if err == nil {

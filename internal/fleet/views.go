@@ -27,6 +27,12 @@ type RelayStatus struct {
 	MaxForward      int       `json:"max_forward"`
 	AgentSessions   int       `json:"agent_sessions"`
 	AttachedDevices int       `json:"attached_devices"`
+	// SecretFingerprint names the fleet secret the relay signs with,
+	// SecretAccepted those it accepts, SecretSource "fleet" or "file";
+	// empty for relays of earlier versions.
+	SecretFingerprint string   `json:"secret_fingerprint"`
+	SecretAccepted    []string `json:"secret_accepted"`
+	SecretSource      string   `json:"secret_source"`
 }
 
 // Device states.
@@ -83,6 +89,7 @@ func (m *Member) relayStatus(r Relay, t time.Time, attached int) RelayStatus {
 		LastSeenAt: r.LastSeenAt, EnrolledAt: r.EnrolledAt, StartedAt: r.StartedAt,
 		ForwardSessions: r.ForwardSessions, MaxForward: r.MaxForward,
 		AgentSessions: r.AgentSessions, AttachedDevices: attached,
+		SecretFingerprint: r.SecretFingerprint, SecretAccepted: nonNil(r.SecretAccepted), SecretSource: r.SecretSource,
 	}
 }
 
@@ -170,6 +177,13 @@ type Status struct {
 	Devices        int    `json:"devices"`
 	OnlineDevices  int    `json:"online_devices"`
 	EventsDropped  int64  `json:"events_dropped"`
+	// SecretFingerprint names the fleet secret this relay signs with, and
+	// SecretSource says where it comes from ("fleet" or "file").
+	SecretFingerprint string `json:"secret_fingerprint"`
+	SecretSource      string `json:"secret_source"`
+	// SecretMismatch lists the fresh relays that run another fleet secret
+	// than the fleet (SecretParity): [] when none.
+	SecretMismatch []string `json:"secret_mismatch"`
 }
 
 // Status summarises the fleet as this relay sees it.
@@ -178,6 +192,9 @@ func (m *Member) Status() Status {
 		RelayID: m.cfg.RelayID, NATSConnected: m.st.Connected() && m.reachable.Load(),
 		LeaseHeld: m.leaseHeld.Load(), ShouldDrain: m.shouldDrain.Load(),
 		EventsDropped: m.events.dropped.Load(),
+
+		SecretFingerprint: m.secrets.Fingerprint(), SecretSource: m.SecretSource(),
+		SecretMismatch: m.SecretParity().Odd,
 	}
 	// Counted in place: a scrape of /metrics asks for this, and the sorted
 	// lists of Relays and Devices would cost it a copy of the directory.

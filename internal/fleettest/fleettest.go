@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
@@ -47,6 +48,9 @@ func StartRelay(t testing.TB, opts ...func(*node.Config)) *Relay {
 		AdminListen: "127.0.0.1:0",
 		DataDir:     t.TempDir(),
 		Liveness:    testLiveness,
+		// Tests send many bad credentials from one address on purpose;
+		// those that test the back-off set their own.
+		AuthBackoff: limit.Config{FreeFailures: 1000},
 	}
 	for _, o := range opts {
 		o(&cfg)

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/limit"
 )
 
 // UserTokenHeader carries a user's token when the Authorization header is
@@ -22,7 +24,8 @@ type authError struct {
 func (e *authError) Error() string   { return e.msg }
 func (e *authError) HTTPStatus() int { return e.status }
 
-// authorizeAgent checks an agent's bearer token against device.
+// authorizeAgent checks an agent's bearer token against device, and files
+// the request under the token, so that revoking it cuts the request.
 func (n *Node) authorizeAgent(r *http.Request, device string) (string, error) {
 	token, _ := bearer(r.Header.Get("Authorization"))
 	if token == "" {
@@ -31,30 +34,82 @@ func (n *Node) authorizeAgent(r *http.Request, device string) (string, error) {
 		}
 		return "", &authError{http.StatusUnauthorized, "this relay needs an agent token: create one with 'switchboard ctl tokens create --device " + device + "' and pass it with --token-file"}
 	}
+	if err := n.backoff(r); err != nil {
+		return "", err
+	}
 	p, err := n.tokens.AuthenticateKind(token, auth.KindAgent)
+	n.noteAuth(r, err)
 	if err != nil {
 		return "", credentialError(err, "agent")
 	}
 	if !p.Allows(device) {
 		return "", &authError{http.StatusForbidden, fmt.Sprintf("this agent token may not serve device %q", device)}
 	}
+	n.sessions.Bind(r.Context(), p.TokenID)
 	return p.TokenID, nil
 }
 
-// authorizeUser checks a user's token against device and removes it from the
-// request so that the device never sees it.
-func (n *Node) authorizeUser(r *http.Request, device string) error {
+// authorizeUser checks a user's credential against device and removes it
+// from the request so that the device never sees it. The credential is an
+// access code in the query, a user (or admin) token in a header, or the
+// session cookie a code opened, in that order.
+func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, error) {
+	if code, rest := access.TakeCode(r.URL.RawQuery); code != "" {
+		r.URL.RawQuery = rest
+		r.URL.ForceQuery = false
+		if path, q, ok := strings.Cut(r.RequestURI, "?"); ok { // never logged, never passed on
+			if _, q = access.TakeCode(q); q != "" {
+				path += "?" + q
+			}
+			r.RequestURI = path
+		}
+		return n.authorizeCode(r, device, code)
+	}
 	token := userToken(r.Header)
+	sessions := access.TakeSession(r.Header)
+	if token == "" && len(sessions) > 0 {
+		return n.authorizeSession(r, device, sessions)
+	}
 	if token == "" {
 		if n.cfg.AllowAnonymousUsers {
-			return nil
+			return r, nil
 		}
-		return &authError{http.StatusUnauthorized, "this relay needs a user token: send 'Authorization: Bearer <token>' or '" + UserTokenHeader + ": <token>'; an operator creates one with 'switchboard ctl tokens create --user NAME'"}
+		return nil, &authError{http.StatusUnauthorized, "this relay needs a user token or an access code: send 'Authorization: Bearer <token>' or '" + UserTokenHeader + ": <token>', or open the URL with ?code=<access code>; an operator creates tokens with 'switchboard ctl tokens create --user NAME'"}
+	}
+	if err := n.backoff(r); err != nil {
+		return nil, err
 	}
 	p, err := n.tokens.Authenticate(token)
+	n.noteAuth(r, err)
 	if err != nil {
-		return credentialError(err, "user")
+		return nil, credentialError(err, "user")
 	}
+	if err := userMay(p, device); err != nil {
+		return nil, err
+	}
+	n.sessions.Bind(r.Context(), p.TokenID)
+	return r, nil
+}
+
+// backoff refuses (429) a client address that presented too many invalid
+// credentials lately.
+func (n *Node) backoff(r *http.Request) error {
+	return n.authFails.Check(limit.ClientIP(r, nil))
+}
+
+// noteAuth counts the outcome of checking a presented credential: an
+// invalid one is a failure; a valid one of the wrong kind is not.
+func (n *Node) noteAuth(r *http.Request, err error) {
+	switch {
+	case err == nil:
+		n.authFails.Succeed(limit.ClientIP(r, nil))
+	case errors.Is(err, auth.ErrInvalidToken) || errors.Is(err, access.ErrInvalid):
+		n.authFails.Fail(limit.ClientIP(r, nil))
+	}
+}
+
+// userMay checks that the principal p is a user (or admin) allowed device.
+func userMay(p auth.Principal, device string) error {
 	if p.Kind == auth.KindAgent {
 		return &authError{http.StatusForbidden, "this is an agent token; users need a user token"}
 	}

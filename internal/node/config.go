@@ -7,10 +7,13 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/limit"
+	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
@@ -28,11 +31,35 @@ type Config struct {
 	// NATS are external NATS URLs; empty starts an embedded NATS server.
 	NATS []string
 	// NATSListen is where the embedded NATS server also accepts other
-	// relays; empty keeps it in-process only.
+	// relays; empty keeps it in-process only, ":port" binds loopback only.
+	// See store.Config.Listen.
 	NATSListen string
+	// NATSCredentials are presented to NATS and, by the embedded server,
+	// demanded of every client. None by default; see store.Credentials.
+	NATSCredentials store.Credentials
+	// NATSCAFile names the CA certificates (PEM) that verify tls:// NATS
+	// servers. Empty, the default, trusts the system's roots.
+	NATSCAFile string
 	// Advertise is the URL other relays and agents use to reach this relay;
-	// empty derives it from the public listener.
+	// empty derives it from the public listener (https:// when it serves
+	// TLS).
 	Advertise string
+	// TLSCertFile and TLSKeyFile are the PEM certificate (with its chain)
+	// and key the public listener serves TLS with; give both or neither.
+	// Replaced files are picked up by new connections without a restart.
+	// With TLS the listener speaks HTTP/1.1 and HTTP/2 by ALPN. Default
+	// none: plain HTTP/1.1 and h2c.
+	TLSCertFile string
+	TLSKeyFile  string
+	// AdminTLSCertFile and AdminTLSKeyFile are the same for the admin
+	// listener; its sign-in cookie is then Secure. Default none: plain HTTP.
+	AdminTLSCertFile string
+	AdminTLSKeyFile  string
+	// PeerCAFile is a PEM bundle of the CAs that sign the other relays'
+	// certificates. Forwards and watchdog probes to a relay advertised at an
+	// https:// URL verify it against these CAs only (the system roots are
+	// then not trusted for peers). Default none: the system roots.
+	PeerCAFile string
 	// Region labels the relay for the ranking (same region first).
 	Region string
 	// Watchdog sets how this relay probes its peers and how long a veto
@@ -61,6 +88,21 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout closes keep-alive connections idle this long. Default 120 s.
 	IdleTimeout time.Duration
+	// IdleStreamTimeout cuts a request on either listener when no byte has
+	// moved in either direction for this long while the relay waits on the
+	// client: a body trickled or stalled (408 when the response has not
+	// begun), a response not read (the stream or connection is cut, and the
+	// device's request cancelled). Waiting for the device does not count,
+	// so quiet log follows and gRPC streams live on. Websockets after their
+	// 101 are not covered. It is also the listeners' HTTP/2 write-byte
+	// timeout: an HTTP/2 client that reads nothing at all stalls its whole
+	// connection, which is then closed. Default 60 s; negative turns it off.
+	IdleStreamTimeout time.Duration
+	// MaxStreamsPerAgent caps the requests one native agent is sent at
+	// once (fewer when the agent advertises fewer; Switchboard's agents
+	// advertise 256). When every agent of a device is at its cap, users get
+	// 503 with Retry-After at once instead of a queue. Default 256.
+	MaxStreamsPerAgent int
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration
@@ -71,6 +113,13 @@ type Config struct {
 	// DrainSpread is the window over which a drained relay asks its native
 	// agents to move, so that the other relays are not stormed. Default 5 s.
 	DrainSpread time.Duration
+	// AuthBackoff is the back-off of client addresses that keep presenting
+	// invalid credentials (tokens, codes, sessions) on either listener; see
+	// limit.Config for its defaults.
+	AuthBackoff limit.Config
+	// SessionTTL is how long the browser session an access code opens
+	// lasts (revoking the token ends it sooner). Default 8 h.
+	SessionTTL time.Duration
 	// Version is reported in metrics and logs.
 	Version string
 	// Logger receives the node's logs; nil discards them.
@@ -100,6 +149,12 @@ func (c *Config) Complete() {
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 120 * time.Second
 	}
+	if c.IdleStreamTimeout == 0 {
+		c.IdleStreamTimeout = 60 * time.Second
+	}
+	if c.MaxStreamsPerAgent == 0 {
+		c.MaxStreamsPerAgent = tunnel.DefaultMaxStreams
+	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 25 * time.Second
 	}
@@ -108,6 +163,9 @@ func (c *Config) Complete() {
 	}
 	if c.DrainSpread <= 0 {
 		c.DrainSpread = 5 * time.Second
+	}
+	if c.SessionTTL <= 0 {
+		c.SessionTTL = 8 * time.Hour
 	}
 	if c.Version == "" {
 		c.Version = "dev"
@@ -131,8 +189,16 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--advertise %q is not an http:// or https:// URL with a host (e.g. https://relay-1.example.com)", c.Advertise))
 		}
 	}
+	errs = append(errs, pairError("--tls-cert", c.TLSCertFile, "--tls-key", c.TLSKeyFile),
+		pairError("--admin-tls-cert", c.AdminTLSCertFile, "--admin-tls-key", c.AdminTLSKeyFile))
+	if c.Advertise != "" && c.TLSCertFile != "" && strings.HasPrefix(c.Advertise, "http://") {
+		errs = append(errs, fmt.Errorf("--advertise %q is plain http:// but the public listener serves TLS (--tls-cert): advertise an https:// URL", c.Advertise))
+	}
 	if c.Fleet.MaxForward < 0 {
 		errs = append(errs, fmt.Errorf("--max-forward %d: give a positive number of devices", c.Fleet.MaxForward))
+	}
+	if c.MaxStreamsPerAgent < 0 {
+		errs = append(errs, fmt.Errorf("--max-streams-per-agent %d: give a positive number of requests (default %d)", c.MaxStreamsPerAgent, tunnel.DefaultMaxStreams))
 	}
 	if len(c.NATS) > 0 && c.NATSListen != "" {
 		errs = append(errs, errors.New("--nats-listen applies to the embedded NATS server only; drop it when --nats is set"))
@@ -141,6 +207,18 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// pairError says what is missing when only one of a certificate file and
+// its key file is given.
+func pairError(certFlag, cert, keyFlag, key string) error {
+	switch {
+	case cert != "" && key == "":
+		return fmt.Errorf("%s is set but %s is not: give the certificate's key file too", certFlag, keyFlag)
+	case cert == "" && key != "":
+		return fmt.Errorf("%s is set but %s is not: give the certificate file too", keyFlag, certFlag)
+	}
+	return nil
 }
 
 // AdminTokenPath is where the node keeps its admin token.

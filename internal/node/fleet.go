@@ -96,7 +96,8 @@ func (n *Node) openFleet(ctx context.Context) error {
 }
 
 // advertise is the URL other relays and agents use to reach this relay:
-// Config.Advertise, or one derived from the public listener.
+// Config.Advertise, or one derived from the public listener, https:// when
+// it serves TLS.
 func (n *Node) advertise(hostname string) string {
 	if n.cfg.Advertise != "" {
 		return n.cfg.Advertise
@@ -109,7 +110,11 @@ func (n *Node) advertise(hostname string) string {
 			host = "127.0.0.1"
 		}
 	}
-	return "http://" + net.JoinHostPort(host, strconv.Itoa(addr.Port))
+	scheme := "http://"
+	if n.publicTLS != nil {
+		scheme = "https://"
+	}
+	return scheme + net.JoinHostPort(host, strconv.Itoa(addr.Port))
 }
 
 // Fleet returns the relay's fleet member.

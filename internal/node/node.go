@@ -6,6 +6,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,18 +18,23 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/router"
+	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/tlsconf"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
@@ -44,6 +50,11 @@ type Node struct {
 	member        *fleet.Member
 	relayID       string
 	signer        *peer.Signer
+	secrets       *secret.Ring // the fleet secret: peer signatures, access codes
+	sessions      auth.Sessions
+	spent         access.Spent // access codes used here or, as told, elsewhere
+	spentSub      *nats.Subscription
+	authFails     *limit.Limiter // client addresses that keep failing to authenticate
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
 	probeClient   *http.Client
@@ -57,6 +68,9 @@ type Node struct {
 	admin         *http.Server
 	publicLn      net.Listener
 	adminLn       net.Listener
+	publicTLS     *tls.Config // nil: plain HTTP/1.1 and h2c
+	adminTLS      *tls.Config // nil: plain HTTP
+	peerTLS       *tls.Config // verifies relays advertised at https:// URLs
 	ready         atomic.Bool
 	healthy       atomic.Bool // serving; reported on heartbeats
 	stopping      atomic.Bool // shutting down; reported on heartbeats
@@ -80,6 +94,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 	}()
 	n.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	n.authFails = limit.New(cfg.AuthBackoff)
+	n.authFails.RegisterMetrics(n.registry)
 	if err := n.openState(ctx); err != nil {
 		return nil, err
 	}
@@ -105,6 +121,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.tunnels = tunnel.NewPool(cfg.Liveness, n.log)
+	n.tunnels.MaxStreams = cfg.MaxStreamsPerAgent
 	n.tunnels.RegisterMetrics(n.registry)
 	if err := n.openListeners(); err != nil {
 		return nil, err
@@ -113,6 +130,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if err := n.openRouting(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.subscribeSpentCodes(); err != nil {
 		return nil, err
 	}
 	n.buildServers()
@@ -126,7 +146,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 // openState opens the store and the credentials, and the admin token.
 func (n *Node) openState(ctx context.Context) error {
 	var err error
-	n.store, err = store.Open(ctx, store.Config{DataDir: n.cfg.DataDir, URLs: n.cfg.NATS, Listen: n.cfg.NATSListen, Logger: n.log})
+	n.store, err = store.Open(ctx, store.Config{
+		DataDir: n.cfg.DataDir, URLs: n.cfg.NATS, Listen: n.cfg.NATSListen,
+		Credentials: n.cfg.NATSCredentials, CAFile: n.cfg.NATSCAFile, Logger: n.log,
+	})
 	if err != nil {
 		return fmt.Errorf("open fleet store: %w", err)
 	}
@@ -137,6 +160,7 @@ func (n *Node) openState(ctx context.Context) error {
 	if n.tokens, err = auth.Open(ctx, kv, n.log); err != nil {
 		return fmt.Errorf("open tokens: %w", err)
 	}
+	n.tokens.OnRevoke(n.revoked)
 	path := n.cfg.AdminTokenPath()
 	created, err := n.tokens.EnsureAdminToken(ctx, path)
 	if err != nil {
@@ -154,9 +178,20 @@ func (n *Node) openState(ctx context.Context) error {
 	return nil
 }
 
-// openListeners opens the public and admin listeners.
+// openListeners opens the public and admin listeners, and loads their TLS
+// certificates and the CAs that verify other relays, so that a missing or
+// broken file stops the start.
 func (n *Node) openListeners() error {
 	var err error
+	if n.publicTLS, err = n.serverTLS(n.cfg.TLSCertFile, n.cfg.TLSKeyFile); err != nil {
+		return fmt.Errorf("public listener: %w", err)
+	}
+	if n.adminTLS, err = n.serverTLS(n.cfg.AdminTLSCertFile, n.cfg.AdminTLSKeyFile); err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	if n.peerTLS, err = tlsconf.Client(n.cfg.PeerCAFile); err != nil {
+		return fmt.Errorf("--peer-ca-file: %w", err)
+	}
 	if n.publicLn, err = net.Listen("tcp", n.cfg.Listen); err != nil {
 		return fmt.Errorf("public listener: %w", err)
 	}
@@ -164,6 +199,20 @@ func (n *Node) openListeners() error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	return nil
+}
+
+// serverTLS returns the TLS configuration of a listener that serves the
+// pair certFile, keyFile (reloaded when the files are replaced), or nil
+// when no certificate is configured.
+func (n *Node) serverTLS(certFile, keyFile string) (*tls.Config, error) {
+	if certFile == "" {
+		return nil, nil
+	}
+	certs, err := tlsconf.NewReloader(certFile, keyFile, n.log)
+	if err != nil {
+		return nil, err
+	}
+	return tlsconf.Server(certs), nil
 }
 
 // buildServers builds the servers of both listeners.
@@ -182,34 +231,51 @@ func (n *Node) buildServers() {
 		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
 		Ready:         n.ready.Load,
+		StallTimeout:  n.cfg.IdleStreamTimeout,
 		Logger:        n.log,
 	})
-	n.public = n.newServer(n.publicHandler)
+	n.public = n.newServer(n.sessions.Wrap(n.publicHandler), n.publicTLS)
 	n.public.Protocols = new(http.Protocols)
 	n.public.Protocols.SetHTTP1(true)
-	n.public.Protocols.SetUnencryptedHTTP2(true)
-	n.admin = n.newServer(control.NewHandler(control.Config{
-		Tokens:  n.tokens,
-		Fleet:   n.member,
-		Metrics: n.registry,
-		Ready:   n.ready.Load,
-		Logger:  n.log,
-	}))
+	if n.publicTLS != nil {
+		n.public.Protocols.SetHTTP2(true) // by ALPN; agents' tunnels and websockets ask for HTTP/1.1
+	} else {
+		n.public.Protocols.SetUnencryptedHTTP2(true)
+	}
+	n.admin = n.newServer(n.sessions.Wrap(relay.GuardIdle(control.NewHandler(control.Config{
+		Tokens:       n.tokens,
+		Fleet:        n.member,
+		Codes:        n.IssueCode,
+		AuthFailures: n.authFails,
+		Bind:         n.sessions.Bind,
+		Metrics:      n.registry,
+		Ready:        n.ready.Load,
+		Logger:       n.log,
+	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
 }
 
-func (n *Node) newServer(h http.Handler) *http.Server {
+// newServer returns a server of h, serving TLS with tlsConf unless it is nil.
+func (n *Node) newServer(h http.Handler, tlsConf *tls.Config) *http.Server {
 	return &http.Server{
 		Handler:           h,
+		TLSConfig:         tlsConf,
 		MaxHeaderBytes:    n.cfg.MaxHeaderBytes,
 		ReadHeaderTimeout: n.cfg.ReadHeaderTimeout,
 		IdleTimeout:       n.cfg.IdleTimeout,
+		HTTP2:             &http.HTTP2Config{WriteByteTimeout: n.cfg.IdleStreamTimeout}, // see IdleStreamTimeout
 		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
 	}
 }
 
 func (n *Node) serve(srv *http.Server, ln net.Listener) {
 	n.wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var err error
+		if srv.TLSConfig != nil {
+			err = srv.ServeTLS(ln, "", "") // the certificate comes from TLSConfig
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.errc <- err
 		}
 	})
@@ -217,6 +283,9 @@ func (n *Node) serve(srv *http.Server, ln net.Listener) {
 
 // Ready reports whether the node takes new work (false once it drains).
 func (n *Node) Ready() bool { return n.ready.Load() }
+
+// Secrets returns the fleet secret this relay runs.
+func (n *Node) Secrets() *secret.Ring { return n.secrets }
 
 // Addr returns the public listener's address.
 func (n *Node) Addr() string { return n.publicLn.Addr().String() }
@@ -317,6 +386,9 @@ func (n *Node) closeResources() {
 	}
 	if n.probeClient != nil {
 		n.probeClient.CloseIdleConnections()
+	}
+	if n.spentSub != nil {
+		_ = n.spentSub.Unsubscribe()
 	}
 	if n.member != nil {
 		n.member.Close()

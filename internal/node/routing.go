@@ -31,20 +31,17 @@ const (
 )
 
 // openRouting sets up what lets any relay serve any device: the peer
-// signer (the fleet's shared secret), the watchdog over the other relays,
-// and the fleet router that forwards to a device's holder.
+// signer (the fleet secret), the watchdog over the other relays, and the
+// fleet router that forwards to a device's holder.
 func (n *Node) openRouting(ctx context.Context) error {
-	kv, err := n.store.KeyValue(ctx, fleet.BucketFleet)
-	if err != nil {
+	// The fleet member keeps the fleet secret current, from the stored
+	// record or --fleet-secret-file: every signature reads it afresh.
+	n.secrets = n.member.Secrets()
+	var err error
+	if n.signer, err = peer.NewSigner(n.secrets, n.member.ID()); err != nil {
 		return err
 	}
-	secret, err := fleet.PeerSecret(ctx, kv, peer.NewSecret)
-	if err != nil {
-		return err
-	}
-	if n.signer, err = peer.NewSigner(secret, n.member.ID()); err != nil {
-		return err
-	}
+	n.signer.Legacy = n.member.SecretLegacy
 	failovers := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "switchboard", Name: "veto_seconds",
 		Help:    "Time from a peer's first missed probe (or refused connection: 0) to its veto.",
@@ -58,6 +55,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 
 	probe := &http.Client{Transport: &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+		TLSClientConfig:     n.peerTLS.Clone(), // for peers advertised at https:// URLs
 		MaxIdleConnsPerHost: 2,
 		DisableCompression:  true,
 	}}
@@ -97,15 +95,15 @@ func (n *Node) openRouting(ctx context.Context) error {
 	n.stopWatchdog = cancel
 	n.wg.Go(func() { n.watchdog.Run(wctx) })
 
-	fr := router.NewFleet()
+	fr := router.NewFleet(n.peerTLS)
 	fr.Local = &router.Local{Native: n.tunnels, LongPoll: n.broker}
 	fr.Holders = func(device, exclude string) (fleet.Target, bool) {
-		t, ok := n.member.Route(device, n.cfg.Region, n.watchdog.Vetoed, exclude)
+		t, ok := n.member.Route(device, n.cfg.Region, n.forwardVetoed, exclude)
 		if ok && t.Self && (n.member.ShouldDrain() || n.stopping.Load()) && !fr.HasAgent(device) && !n.broker.Remembers(device) {
 			// The device is leaving this relay, and its agent is gone from
 			// here: send the request to where the agent is being placed,
 			// before the directory says so, to wait for it there.
-			if h, hok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, exclude); hok && !h.Self {
+			if h, hok := n.member.Holder(device, n.cfg.Region, n.forwardVetoed, exclude); hok && !h.Self {
 				h.Final = true
 				return h, true
 			}
@@ -115,6 +113,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr.HasAgent = func(device string) bool { return n.tunnels.Ready(device) || n.broker.HasAgent(device) }
 	fr.Hops = relay.Hops
 	fr.Signer = n.signer
+	fr.Spend = n.spendCode
 	fr.Changes = n.changes.next
 	fr.Known = func(device string) bool { return n.member.Known(device) || n.broker.Remembers(device) }
 	fr.Grace = n.cfg.Broker.NoAgentGrace
@@ -151,6 +150,29 @@ func (n *Node) verifyPeer(r *http.Request, device string) (string, error) {
 // Vetoed reports whether this relay's watchdog vetoes the relay id now.
 func (n *Node) Vetoed(id string) bool { return n.watchdog.Vetoed(id) }
 
+// forwardVetoed reports whether this relay must not forward to relay id:
+// its watchdog vetoes it, or id said on its last heartbeat that it does not
+// accept the fleet secret this relay signs with, so that a forward would be
+// refused with a 401 the user would see. Such a request goes to the next
+// relay in the ranking instead, or waits for the device's agent to move.
+func (n *Node) forwardVetoed(id string) bool {
+	return n.watchdog.Vetoed(id) || n.member.SecretRefuses(id)
+}
+
+// placeVetoed reports whether no agent should be placed on relay id: its
+// watchdog vetoes it, or it runs another fleet secret than the fleet
+// (secret parity), so that forwards between it and the others fail. An odd
+// relay applies this to itself and sends its arriving agents elsewhere.
+func (n *Node) placeVetoed(id string) bool {
+	return n.watchdog.Vetoed(id) || n.member.SecretOdd(id)
+}
+
+// pollVetoed is for long-poll agents' polls, which are both forwarded and
+// placed: forwardVetoed or placeVetoed.
+func (n *Node) pollVetoed(id string) bool {
+	return n.forwardVetoed(id) || n.member.SecretOdd(id)
+}
+
 // placeAgent decides where a native agent of device belongs: here when this
 // relay holds the device, or should take it, else the holder, to which the
 // agent is redirected. An agent that follows a redirect is taken wherever
@@ -158,7 +180,7 @@ func (n *Node) Vetoed(id string) bool { return n.watchdog.Vetoed(id) }
 // left out for its device alone (the relay is not vetoed for anyone else).
 func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 	p := tunnel.Placement{RelayID: n.member.ID()}
-	for _, t := range n.member.Ranked(device, n.cfg.Region, n.watchdog.Vetoed) {
+	for _, t := range n.member.Ranked(device, n.cfg.Region, n.placeVetoed) {
 		p.Relays = append(p.Relays, tunnel.RelayAddr{ID: t.ID, URL: t.Address})
 	}
 	draining := n.member.ShouldDrain() || n.stopping.Load()
@@ -166,7 +188,7 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 		n.noteLost(r, device)
 		return p
 	}
-	t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, r.Header.Get(tunnel.UnreachableHeader))
+	t, ok := n.member.Holder(device, n.cfg.Region, n.placeVetoed, r.Header.Get(tunnel.UnreachableHeader))
 	if ok && !t.Self && t.Address != "" {
 		p.Redirect, p.Holder = t.Address, t.ID
 		return p
@@ -199,7 +221,7 @@ func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handle
 	}
 	poll := requestID == ""
 	if poll && n.stopping.Load() {
-		if t, ok := n.member.Holder(device, n.cfg.Region, n.watchdog.Vetoed, ""); !ok || t.Self {
+		if t, ok := n.member.Holder(device, n.cfg.Region, n.pollVetoed, ""); !ok || t.Self {
 			return nil // no other relay: the broker holds the poll, then answers 408
 		}
 		// Not held here, not forwarded from here: a stopping relay must
@@ -209,11 +231,11 @@ func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handle
 			http.Error(w, "this relay is shutting down; poll another", http.StatusServiceUnavailable)
 		})
 	}
-	where := n.member.Route
+	where, vetoed := n.member.Route, n.forwardVetoed
 	if poll {
-		where = n.member.Holder
+		where, vetoed = n.member.Holder, n.pollVetoed
 	}
-	t, ok := where(device, n.cfg.Region, n.watchdog.Vetoed, "")
+	t, ok := where(device, n.cfg.Region, vetoed, "")
 	if !ok || t.Self || t.Address == "" {
 		return nil
 	}

@@ -1,17 +1,27 @@
 // Package peer authenticates requests that one relay forwards to another.
 // The forwarding relay has already checked the user; it signs the forward
-// with the fleet's peer secret, and the receiving relay, which holds the
-// device, trusts a valid signature instead of asking the user again and
-// never forwards such a request further (one hop).
+// with a key derived from the fleet secret (package secret, purpose
+// "peer"), and the receiving relay, which holds the device, trusts a valid
+// signature instead of asking the user again and never forwards such a
+// request further (one hop).
 //
-// The header is "v1 <relay id> <unix seconds> <hex HMAC-SHA256>", the MAC
-// over the version, relay id, time and device, so that a captured header is
-// good for one device for a minute at most.
+// The header is "v2 <relay id> <unix seconds> <key fingerprint> <hex
+// HMAC-SHA256>", the MAC over the version, relay id, time, fingerprint and
+// device, so that a captured header is good for one device for a minute at
+// most. The fingerprint names the fleet secret the signature was made with:
+// a relay that does not accept it says so in its refusal. A signature
+// verifies against every secret the receiver accepts, so that the fleet
+// secret can be rotated without a moment where one relay signs with a key
+// another refuses.
+//
+// Relays of earlier versions signed "v1 <relay id> <unix seconds> <hex
+// HMAC-SHA256>" with the raw secret. Such headers are still accepted, and a
+// forward to a relay that Legacy names is signed that way, so that forwards
+// keep working both ways during a rolling update from such a version.
 package peer
 
 import (
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -20,6 +30,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/secret"
 )
 
 // Header carries the signature of a forwarded request.
@@ -31,69 +43,121 @@ const HopsHeader = "X-Switchboard-Hops"
 // MaxSkew is how far a signature's time may be from the receiver's clock.
 const MaxSkew = time.Minute
 
-// SecretBytes is the length of a peer secret.
-const SecretBytes = 32
-
 // Errors of Verify.
 var (
 	ErrNoSignature  = errors.New("no peer signature")
 	ErrBadSignature = errors.New("invalid peer signature")
+	// ErrUnknownSecret is wrapped, with ErrBadSignature, when a signature
+	// names a fleet secret this relay does not accept: the two relays run
+	// different secrets (see docs/fleet-secret.md).
+	ErrUnknownSecret = errors.New("signed with a fleet secret this relay does not accept")
 )
 
-// Signer signs and verifies forwards with one secret.
+// Signer signs and verifies forwards with the keys of a fleet secret ring.
 type Signer struct {
-	secret  []byte
+	ring    *secret.Ring
 	relayID string
 	now     func() time.Time
+	// Legacy, if set, reports whether the relay with the given id runs an
+	// earlier version that verifies only v1 signatures: SignFor signs
+	// forwards to it that way.
+	Legacy func(relayID string) bool
 }
 
-// NewSigner returns a signer for the relay relayID with secret.
-func NewSigner(secret []byte, relayID string) (*Signer, error) {
-	if len(secret) < 16 {
-		return nil, fmt.Errorf("peer secret of %d bytes is too short; use %d random bytes", len(secret), SecretBytes)
+// NewSigner returns a signer for the relay relayID with the secrets of
+// ring, which it reads at every signature: a change of the ring applies to
+// the next forward.
+func NewSigner(ring *secret.Ring, relayID string) (*Signer, error) {
+	if ring == nil || ring.Fingerprint() == "" {
+		return nil, errors.New("peer: a signer needs a fleet secret ring with a secret")
 	}
-	return &Signer{secret: secret, relayID: relayID, now: time.Now}, nil
+	if relayID == "" || strings.ContainsAny(relayID, " \t\r\n") {
+		return nil, fmt.Errorf("peer: relay id %q is empty or has spaces", relayID)
+	}
+	return &Signer{ring: ring, relayID: relayID, now: time.Now}, nil
 }
 
-// NewSecret returns a fresh random secret.
-func NewSecret() []byte {
-	b := make([]byte, SecretBytes)
-	_, _ = rand.Read(b) // never fails
-	return b
+// macV2 is the MAC of a v2 header made with key.
+func macV2(key []byte, relayID string, ts int64, fp, device string) []byte {
+	m := hmac.New(sha256.New, key)
+	fmt.Fprintf(m, "v2\n%s\n%d\n%s\n%s", relayID, ts, fp, device)
+	return m.Sum(nil)
 }
 
-func (s *Signer) mac(relayID string, ts int64, device string) string {
-	m := hmac.New(sha256.New, s.secret)
+// macV1 is the MAC of a v1 header made with key, the raw secret.
+func macV1(key []byte, relayID string, ts int64, device string) []byte {
+	m := hmac.New(sha256.New, key)
 	fmt.Fprintf(m, "v1\n%s\n%d\n%s", relayID, ts, device)
-	return hex.EncodeToString(m.Sum(nil))
+	return m.Sum(nil)
 }
 
 // Sign sets the signature header on h for a forward of a request to device.
 func (s *Signer) Sign(h http.Header, device string) {
 	ts := s.now().Unix()
-	h.Set(Header, fmt.Sprintf("v1 %s %d %s", s.relayID, ts, s.mac(s.relayID, ts, device)))
+	fp := s.ring.Fingerprint()
+	mac := macV2(s.ring.SigningKey(secret.PurposePeer), s.relayID, ts, fp, device)
+	h.Set(Header, fmt.Sprintf("v2 %s %d %s %s", s.relayID, ts, fp, hex.EncodeToString(mac)))
+}
+
+// SignFor signs h for a forward of a request to device sent to the relay
+// to: as Sign does, or in the v1 format when Legacy says that relay runs
+// an earlier version.
+func (s *Signer) SignFor(h http.Header, device, to string) {
+	if s.Legacy == nil || !s.Legacy(to) {
+		s.Sign(h, device)
+		return
+	}
+	ts := s.now().Unix()
+	mac := macV1(s.ring.SigningKey(secret.PurposeLegacyPeer), s.relayID, ts, device)
+	h.Set(Header, fmt.Sprintf("v1 %s %d %s", s.relayID, ts, hex.EncodeToString(mac)))
 }
 
 // Verify checks the signature on h for device and returns the id of the
-// relay that forwarded it. ErrNoSignature means there is none.
+// relay that forwarded it. ErrNoSignature means there is none; any other
+// failure wraps ErrBadSignature.
 func (s *Signer) Verify(h http.Header, device string) (string, error) {
 	v := h.Get(Header)
 	if v == "" {
 		return "", ErrNoSignature
 	}
 	parts := strings.Fields(v)
-	if len(parts) != 4 || parts[0] != "v1" {
+	var fp string
+	switch {
+	case len(parts) == 5 && parts[0] == "v2":
+		fp = parts[3]
+	case len(parts) == 4 && parts[0] == "v1":
+	default:
 		return "", fmt.Errorf("%w: malformed", ErrBadSignature)
 	}
+	relayID, mac := parts[1], parts[len(parts)-1]
 	ts, err := strconv.ParseInt(parts[2], 10, 64)
 	if err != nil {
 		return "", fmt.Errorf("%w: malformed time", ErrBadSignature)
 	}
+	got, err := hex.DecodeString(mac)
+	if err != nil || len(got) != sha256.Size || mac != strings.ToLower(mac) {
+		return "", fmt.Errorf("%w: malformed MAC", ErrBadSignature)
+	}
 	if d := s.now().Sub(time.Unix(ts, 0)); d > MaxSkew || d < -MaxSkew {
 		return "", fmt.Errorf("%w: expired or from a clock %s off", ErrBadSignature, d.Round(time.Second))
 	}
-	if !hmac.Equal([]byte(parts[3]), []byte(s.mac(parts[1], ts, device))) {
+	ok := false
+	if fp != "" {
+		for _, key := range s.ring.VerifyKeys(secret.PurposePeer) {
+			ok = hmac.Equal(got, macV2(key, relayID, ts, fp, device)) || ok
+		}
+	} else {
+		for _, key := range s.ring.VerifyKeys(secret.PurposeLegacyPeer) {
+			ok = hmac.Equal(got, macV1(key, relayID, ts, device)) || ok
+		}
+	}
+	switch {
+	case ok:
+		return relayID, nil
+	case fp != "" && !s.ring.Accepts(fp):
+		return "", fmt.Errorf("%w: %w: relay %s signed with fleet secret %s; this relay accepts %s",
+			ErrBadSignature, ErrUnknownSecret, relayID, fp, strings.Join(s.ring.Accepted(), ", "))
+	default:
 		return "", fmt.Errorf("%w: wrong secret or device", ErrBadSignature)
 	}
-	return parts[1], nil
 }

@@ -1,27 +1,58 @@
 package peer
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/secret"
 )
 
+func ring(t testing.TB, signing []byte, others ...[]byte) *secret.Ring {
+	t.Helper()
+	r, err := secret.NewRing(signing, others...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func signer(t testing.TB, r *secret.Ring, id string) *Signer {
+	t.Helper()
+	s, err := NewSigner(r, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func TestSignVerify(t *testing.T) {
-	secret := NewSecret()
-	a, _ := NewSigner(secret, "rl-aaaaaaaa")
-	b, _ := NewSigner(secret, "rl-bbbbbbbb")
-	other, _ := NewSigner(NewSecret(), "rl-cccccccc")
+	sec := secret.New()
+	a := signer(t, ring(t, sec), "rl-aaaaaaaa")
+	b := signer(t, ring(t, sec), "rl-bbbbbbbb")
+	other := signer(t, ring(t, secret.New()), "rl-cccccccc")
 	h := http.Header{}
 	a.Sign(h, "robot-1")
+	if v := h.Get(Header); !strings.HasPrefix(v, "v2 rl-aaaaaaaa ") || !strings.Contains(v, " "+secret.Fingerprint(sec)+" ") {
+		t.Fatalf("header %q: want v2, the relay id and the secret's fingerprint", v)
+	}
 	if from, err := b.Verify(h, "robot-1"); err != nil || from != "rl-aaaaaaaa" {
 		t.Fatalf("Verify = %q, %v", from, err)
 	}
-	if _, err := b.Verify(h, "robot-2"); !errors.Is(err, ErrBadSignature) {
+	if _, err := b.Verify(h, "robot-2"); !errors.Is(err, ErrBadSignature) || errors.Is(err, ErrUnknownSecret) {
 		t.Errorf("another device: %v", err)
 	}
-	if _, err := other.Verify(h, "robot-1"); !errors.Is(err, ErrBadSignature) {
-		t.Errorf("another secret: %v", err)
+	_, err := other.Verify(h, "robot-1")
+	if !errors.Is(err, ErrBadSignature) || !errors.Is(err, ErrUnknownSecret) || !strings.Contains(err.Error(), secret.Fingerprint(sec)) {
+		t.Errorf("another secret: %v; want ErrUnknownSecret naming the fingerprint", err)
 	}
 	if _, err := b.Verify(http.Header{}, "robot-1"); !errors.Is(err, ErrNoSignature) {
 		t.Errorf("no header: %v", err)
@@ -30,26 +61,158 @@ func TestSignVerify(t *testing.T) {
 	if _, err := b.Verify(h, "robot-1"); !errors.Is(err, ErrBadSignature) {
 		t.Errorf("stale signature: %v", err)
 	}
-	for _, bad := range []string{"v1", "v2 rl-aaaaaaaa 1 00", "v1 rl-aaaaaaaa x 00", "v1 rl-aaaaaaaa 1 zz extra"} {
+	mac := strings.Repeat("00", sha256.Size)
+	for _, bad := range []string{"v1", "v3 rl-aaaaaaaa 1 00", "v1 rl-aaaaaaaa x " + mac, "v1 rl-aaaaaaaa 1 zz extra",
+		"v2 rl-aaaaaaaa 1 " + mac, "v1 rl-aaaaaaaa 1 " + strings.ToUpper(strings.Repeat("ab", sha256.Size)), "v1 rl-aaaaaaaa 1 abcd"} {
 		if _, err := a.Verify(http.Header{Header: {bad}}, "robot-1"); !errors.Is(err, ErrBadSignature) {
 			t.Errorf("%q: %v", bad, err)
 		}
 	}
-	if _, err := NewSigner([]byte("short"), "rl-aaaaaaaa"); err == nil {
-		t.Error("a short secret was accepted")
+	if _, err := NewSigner(nil, "rl-aaaaaaaa"); err == nil {
+		t.Error("a signer without a ring was made")
+	}
+	if _, err := NewSigner(&secret.Ring{}, "rl-aaaaaaaa"); err == nil {
+		t.Error("a signer with an empty ring was made")
+	}
+	if _, err := NewSigner(ring(t, sec), "rl a"); err == nil {
+		t.Error("a relay id with a space was taken")
 	}
 }
 
+// TestRotation walks the fleet secret through a rotation with two relays
+// changing their rings one after the other, as their watches deliver the
+// record: at every step each verifies what the other signs.
+func TestRotation(t *testing.T) {
+	old, next := secret.New(), secret.New()
+	ra, rb := ring(t, old), ring(t, old)
+	a, b := signer(t, ra, "rl-aaaaaaaa"), signer(t, rb, "rl-bbbbbbbb")
+	steps := []struct {
+		name string
+		ring *secret.Ring
+		set  [][]byte // signing first
+	}{
+		{"a accepts the new secret", ra, [][]byte{old, next}},
+		{"b accepts the new secret", rb, [][]byte{old, next}},
+		{"a signs with it", ra, [][]byte{next, old}},
+		{"b signs with it", rb, [][]byte{next, old}},
+		{"a drops the old one", ra, [][]byte{next}},
+		{"b drops the old one", rb, [][]byte{next}},
+	}
+	check := func(step string) {
+		for _, p := range [][2]*Signer{{a, b}, {b, a}} {
+			h := http.Header{}
+			p[0].Sign(h, "robot-1")
+			if _, err := p[1].Verify(h, "robot-1"); err != nil {
+				t.Fatalf("%s: %s refuses %s: %v", step, p[1].relayID, p[0].relayID, err)
+			}
+		}
+	}
+	check("before")
+	for _, s := range steps {
+		if err := s.ring.Set(s.set[0], s.set[1:]...); err != nil {
+			t.Fatal(err)
+		}
+		check(s.name)
+	}
+	// Switching the signing secret on one relay before the other accepts
+	// it — what the two phases exist to prevent — breaks forwards.
+	c, d := ring(t, next), ring(t, next)
+	if err := c.Set(secret.New()); err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{}
+	signer(t, c, "rl-cccccccc").Sign(h, "robot-1")
+	if _, err := signer(t, d, "rl-dddddddd").Verify(h, "robot-1"); !errors.Is(err, ErrUnknownSecret) {
+		t.Fatalf("a one-sided switch: %v, want ErrUnknownSecret", err)
+	}
+}
+
+// legacyHeader is what a relay of an earlier version sends: v1, the raw
+// secret as the key.
+func legacyHeader(sec []byte, relayID string, ts int64, device string) string {
+	m := hmac.New(sha256.New, sec)
+	fmt.Fprintf(m, "v1\n%s\n%d\n%s", relayID, ts, device)
+	return fmt.Sprintf("v1 %s %d %s", relayID, ts, hex.EncodeToString(m.Sum(nil)))
+}
+
+// TestLegacy checks the rolling update from a version that signed v1 with
+// the raw secret: such forwards are accepted, and forwards to a relay that
+// Legacy names are signed so that it verifies them as it always did.
+func TestLegacy(t *testing.T) {
+	sec, old := secret.New(), secret.New()
+	s := signer(t, ring(t, sec, old), "rl-aaaaaaaa")
+	now := time.Now().Unix()
+	for _, k := range [][]byte{sec, old} {
+		h := http.Header{Header: {legacyHeader(k, "rl-0ld00000", now, "robot-1")}}
+		if from, err := s.Verify(h, "robot-1"); err != nil || from != "rl-0ld00000" {
+			t.Fatalf("a v1 forward: %q, %v", from, err)
+		}
+	}
+	h := http.Header{Header: {legacyHeader(secret.New(), "rl-0ld00000", now, "robot-1")}}
+	if _, err := s.Verify(h, "robot-1"); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("a v1 forward with another secret: %v", err)
+	}
+
+	s.Legacy = func(id string) bool { return id == "rl-0ld00000" }
+	h = http.Header{}
+	s.SignFor(h, "robot-1", "rl-0ld00000")
+	tsn, _ := strconv.ParseInt(strings.Fields(h.Get(Header))[2], 10, 64)
+	if got, want := h.Get(Header), legacyHeader(sec, "rl-aaaaaaaa", tsn, "robot-1"); got != want {
+		t.Fatalf("to an earlier version: %q, want %q", got, want)
+	}
+	h = http.Header{}
+	s.SignFor(h, "robot-1", "rl-bbbbbbbb")
+	if !strings.HasPrefix(h.Get(Header), "v2 ") {
+		t.Fatalf("to a relay of this version: %q, want v2", h.Get(Header))
+	}
+}
+
+// fuzzNow is the fuzzer's clock, fixed so that the seeded signatures stay
+// valid whenever the fuzzer runs.
+var fuzzNow = time.Unix(1_800_000_000, 0)
+
 func FuzzVerify(f *testing.F) {
-	s, _ := NewSigner(NewSecret(), "rl-aaaaaaaa")
+	sec, old := secret.New(), secret.New()
+	s := signer(f, ring(f, sec, old), "rl-aaaaaaaa")
+	s.now = func() time.Time { return fuzzNow }
 	h := http.Header{}
 	s.Sign(h, "robot-1")
 	f.Add(h.Get(Header), "robot-1")
+	f.Add(legacyHeader(old, "rl-bbbbbbbb", fuzzNow.Unix(), "robot-2"), "robot-2")
+	f.Add(legacyHeader(sec, "rl-bbbbbbbb", fuzzNow.Unix()+30, ""), "")
 	f.Add("v1 a 1 b", "")
+	f.Add("v2 a 1 "+secret.Fingerprint(sec)+" b", "x")
 	f.Fuzz(func(t *testing.T, v, device string) {
 		from, err := s.Verify(http.Header{Header: {v}}, device)
-		if err == nil && from == "" {
+		if err != nil {
+			if !errors.Is(err, ErrBadSignature) {
+				t.Fatalf("an error that is not ErrBadSignature: %v", err)
+			}
+			return
+		}
+		if from == "" {
 			t.Fatal("accepted a signature without a relay id")
+		}
+		// What is accepted is exactly what a holder of an accepted
+		// secret signs for this device, at a time within the skew.
+		parts := strings.Fields(v)
+		ts, err := strconv.ParseInt(parts[2], 10, 64)
+		if err != nil || time.Unix(ts, 0).Sub(fuzzNow).Abs() > MaxSkew {
+			t.Fatalf("accepted the time %q", parts[2])
+		}
+		var want []string
+		for _, k := range [][]byte{sec, old} {
+			want = append(want, legacyHeader(k, from, ts, device))
+			r := ring(t, k)
+			m := macV2(r.SigningKey(secret.PurposePeer), from, ts, secret.Fingerprint(k), device)
+			want = append(want, fmt.Sprintf("v2 %s %d %s %s", from, ts, secret.Fingerprint(k), hex.EncodeToString(m)))
+		}
+		canonical := strings.Join(parts, " ")
+		if !slices.Contains(want, canonical) {
+			t.Fatalf("accepted %q for device %q, which no accepted secret signs", v, device)
+		}
+		if _, err := s.Verify(http.Header{Header: {v}}, device+"x"); err == nil {
+			t.Fatalf("%q is accepted for %q and for %q", v, device, device+"x")
 		}
 	})
 }

@@ -18,14 +18,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 )
 
 // UserAuthorizer decides whether the user making r may use device. It returns
 // an error carrying an HTTP status (401 or 403) via an HTTPStatus() int
-// method when not. Credentials it consumed must be removed from r.Header so
-// that they are not forwarded to the device.
-type UserAuthorizer func(r *http.Request, device string) error
+// method when not. Credentials it consumed must be removed from r (header
+// or query) so that they are not forwarded to the device. It returns the
+// request to go on with: r, or r with a context carrying what the
+// credential implies (an access code's ticket, a response hook).
+type UserAuthorizer func(r *http.Request, device string) (*http.Request, error)
 
 // Config configures the public handler.
 type Config struct {
@@ -45,6 +48,10 @@ type Config struct {
 	VerifyPeer func(r *http.Request, device string) (relayID string, err error)
 	// Ready reports whether the relay takes new work; nil means always.
 	Ready func() bool
+	// StallTimeout cuts a request when no byte moved either way for this
+	// long while the relay waited on the client (see GuardIdle). Zero or
+	// less: never.
+	StallTimeout time.Duration
 	// Logger receives the handler's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -108,7 +115,7 @@ func NewHandler(cfg Config) *Handler {
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
 		Transport:      cfg.Transport,
-		ModifyResponse: promoteGRPC,
+		ModifyResponse: modifyResponse,
 		BufferPool:     bufferPool{},
 		ErrorHandler:   h.proxyError,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
@@ -118,6 +125,8 @@ func NewHandler(cfg Config) *Handler {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w, r, unguard := guardIdle(w, r, h.cfg.StallTimeout)
+	defer unguard()
 	t, named, err := ParseTarget(r.URL, r.Header)
 	switch {
 	case err != nil:
@@ -136,11 +145,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		textError(w, http.StatusUnauthorized, err.Error())
 		return
 	}
+	// Only a forwarding relay vouches for an access code's use.
+	ticket, hasTicket := access.ParseTicket(r.Header.Get(access.TicketHeader))
+	r.Header.Del(access.TicketHeader)
 	if from != "" {
 		hops, _ := strconv.Atoi(r.Header.Get(peer.HopsHeader))
-		r = r.WithContext(context.WithValue(r.Context(), forwardedKey{}, forwarded{from: from, hops: max(hops, 1)}))
+		ctx := context.WithValue(r.Context(), forwardedKey{}, forwarded{from: from, hops: max(hops, 1)})
+		if hasTicket {
+			ctx = access.WithTicket(ctx, ticket)
+		}
+		r = r.WithContext(ctx)
 	} else if h.cfg.AuthorizeUser != nil {
-		if err := h.cfg.AuthorizeUser(r, t.Device); err != nil {
+		if r, err = h.cfg.AuthorizeUser(r, t.Device); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -249,6 +265,22 @@ type bufferPool struct{}
 
 func (bufferPool) Get() []byte  { return copyBuffers.Get().(*[32 << 10]byte)[:] }
 func (bufferPool) Put(b []byte) { copyBuffers.Put((*[32 << 10]byte)(b)) }
+
+type responseHookKey struct{}
+
+// WithResponseHook returns ctx carrying fn, which the handler calls on the
+// device's response before passing it to the user (to set a cookie).
+func WithResponseHook(ctx context.Context, fn func(*http.Response)) context.Context {
+	return context.WithValue(ctx, responseHookKey{}, fn)
+}
+
+// modifyResponse prepares the device's response for the user.
+func modifyResponse(resp *http.Response) error {
+	if fn, ok := resp.Request.Context().Value(responseHookKey{}).(func(*http.Response)); ok {
+		fn(resp)
+	}
+	return promoteGRPC(resp)
+}
 
 // grpcStatusHeaders are the fields a gRPC "trailers-only" answer carries.
 var grpcStatusHeaders = []string{"Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin"}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/peer"
@@ -48,41 +50,66 @@ type Fleet struct {
 	// Grace is how long a request for a device with no agent anywhere
 	// waits for one to connect, here or at another relay.
 	Grace time.Duration
+	// Spend, if set, records the use of the access code whose ticket a
+	// request carries, just before the request is handed to the device's
+	// agent here, and refuses a code used before: the relay holding a
+	// device enforces the single use of codes. Forwards carry the ticket on.
+	Spend func(access.Ticket) error
 	// OnForward, if set, is told of each forward's outcome (for metrics).
 	OnForward func(relayID string, err error)
 	Logger    *slog.Logger
 
-	h2 *http.Transport // peers, HTTP/2 with prior knowledge: streams, trailers
-	h1 *http.Transport // peers, HTTP/1.1: upgrades
+	h2    *http.Transport // http:// peers, HTTP/2 with prior knowledge: streams, trailers
+	h2tls *http.Transport // https:// peers, HTTP/2 by ALPN (HTTP/1.1 if that is all a peer offers)
+	h1    *http.Transport // peers, HTTP/1.1: upgrades
 }
 
 // NewFleet returns a Fleet router with pooled peer connections; fill in its
-// fields before use.
-func NewFleet() *Fleet {
+// fields before use. peerTLS verifies the relays advertised at https://
+// URLs; nil verifies them against the system roots.
+func NewFleet(peerTLS *tls.Config) *Fleet {
+	if peerTLS == nil {
+		peerTLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
 	dialer := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}
-	h2 := &http.Transport{
-		DialContext:         dialer.DialContext,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		Protocols:           new(http.Protocols),
-		DisableCompression:  true,
+	transport := func(p func(*http.Protocols)) *http.Transport {
+		t := &http.Transport{
+			DialContext:         dialer.DialContext,
+			TLSClientConfig:     peerTLS.Clone(), // each transport sets its own ALPN protocols
+			TLSHandshakeTimeout: 5 * time.Second,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+			Protocols:           new(http.Protocols),
+			DisableCompression:  true,
+		}
+		p(t.Protocols)
+		return t
 	}
-	h2.Protocols.SetUnencryptedHTTP2(true)
-	h2.Protocols.SetHTTP2(true)
-	h1 := &http.Transport{
-		DialContext:         dialer.DialContext,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		ForceAttemptHTTP2:   false,
-	}
-	return &Fleet{h2: h2, h1: h1}
+	h2 := transport(func(p *http.Protocols) { p.SetUnencryptedHTTP2(true) })
+	h2tls := transport(func(p *http.Protocols) { p.SetHTTP2(true); p.SetHTTP1(true) })
+	h1 := transport(func(p *http.Protocols) { p.SetHTTP1(true) })
+	h1.TLSClientConfig.NextProtos = []string{"http/1.1"} // an upgrade needs HTTP/1.1
+	return &Fleet{h2: h2, h2tls: h2tls, h1: h1}
 }
 
 // Close drops the idle peer connections.
 func (f *Fleet) Close() {
 	f.h2.CloseIdleConnections()
+	f.h2tls.CloseIdleConnections()
 	f.h1.CloseIdleConnections()
+}
+
+// transport returns the peer transport for a request to a relay at a URL
+// of scheme: HTTP/1.1 for upgrades (websockets, SPDY), else HTTP/2.
+func (f *Fleet) transport(scheme string, upgrade bool) *http.Transport {
+	switch {
+	case upgrade:
+		return f.h1
+	case scheme == "https":
+		return f.h2tls
+	default:
+		return f.h2
+	}
 }
 
 // MaxHops bounds how often a request is forwarded between relays: once to
@@ -96,8 +123,16 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
 	hops, _ := f.Hops(req.Context())
 	exclude := ""
+	ticket, carry := access.TicketFrom(req.Context())
+	spend := carry && f.Spend != nil
 	for attempt := 0; attempt < 4; attempt++ {
 		if f.HasAgent(device) {
+			if spend {
+				if err := f.Spend(ticket); err != nil {
+					return nil, err
+				}
+				spend, carry = false, false // spent here: no other relay spends it again
+			}
 			resp, err := f.Local.RoundTrip(req)
 			if !undispatched(err) {
 				return resp, err
@@ -121,7 +156,11 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 		if t.Final {
 			next = MaxHops // wait there for the agent, do not go on
 		}
-		resp, err := f.forward(req, device, t, next)
+		var tk *access.Ticket
+		if carry {
+			tk = &ticket
+		}
+		resp, err := f.forward(req, device, t, next, tk)
 		if f.OnForward != nil {
 			f.OnForward(t.ID, err)
 		}
@@ -167,7 +206,9 @@ func (f *Fleet) await(ctx context.Context, device, exclude string, hops int) (fl
 
 // forward sends req to the relay t as /client/<device>/<path>, as its
 // hops-th hop.
-func (f *Fleet) forward(req *http.Request, device string, t fleet.Target, hops int) (*http.Response, error) {
+// A ticket, when given, goes along for the relay that hands the request to
+// the device to spend.
+func (f *Fleet) forward(req *http.Request, device string, t fleet.Target, hops int, ticket *access.Ticket) (*http.Response, error) {
 	base, err := url.Parse(t.Address)
 	if err != nil {
 		return nil, fmt.Errorf("relay %s advertises %q: %w", t.ID, t.Address, err)
@@ -184,13 +225,12 @@ func (f *Fleet) forward(req *http.Request, device string, t fleet.Target, hops i
 	}
 	out.Host = req.Host
 	out.RequestURI = ""
-	f.Signer.Sign(out.Header, device)
+	f.Signer.SignFor(out.Header, device, t.ID)
 	out.Header.Set(peer.HopsHeader, strconv.Itoa(hops))
-	tr := f.h2
-	if out.Header.Get("Upgrade") != "" || base.Scheme == "https" {
-		tr = f.h1
+	if ticket != nil {
+		ticket.SetHeader(out.Header)
 	}
-	resp, err := tr.RoundTrip(out)
+	resp, err := f.transport(base.Scheme, out.Header.Get("Upgrade") != "").RoundTrip(out)
 	if err != nil {
 		return nil, &forwardError{relay: t.ID, err: err}
 	}
@@ -254,9 +294,9 @@ func (f *Fleet) ProxyTo(t fleet.Target, device string) http.Handler {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = base.Scheme, base.Host
 			pr.Out.Host = pr.In.Host
-			f.Signer.Sign(pr.Out.Header, device)
+			f.Signer.SignFor(pr.Out.Header, device, t.ID)
 		},
-		Transport:     f.h2,
+		Transport:     f.transport(base.Scheme, false),
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {

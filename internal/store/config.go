@@ -37,10 +37,24 @@ type Config struct {
 	URLs []string
 
 	// Listen is the host:port where the embedded server also accepts other
-	// relays, e.g. 127.0.0.1:4333; port 0 picks a free port (see ClientURL).
-	// Empty, the default, keeps the server in-process only: no TCP port is
-	// opened at all. It must be empty when URLs are set.
+	// relays; port 0 picks a free port (see ClientURL). Empty, the default,
+	// keeps the server in-process only: no TCP port is opened at all. A
+	// host left out (":4333") binds 127.0.0.1, loopback only; the server
+	// listens beyond this machine only on an address named explicitly
+	// ("0.0.0.0:4333", "10.0.0.5:4333", "[::]:4333"), and then only with
+	// Credentials. It must be empty when URLs are set.
 	Listen string
+
+	// Credentials are presented to NATS and, by the embedded server,
+	// demanded of every client. None by default; see Credentials.
+	Credentials Credentials
+
+	// CAFile names a PEM file of the certificate authorities that sign the
+	// external NATS servers' certificates, for tls:// URLs the system's
+	// roots cannot verify. Given, it makes the connection require TLS
+	// whatever the URLs' scheme. Empty, the default, trusts the system's
+	// roots. External NATS only.
+	CAFile string
 
 	// ServerName names the embedded NATS server. Defaults to
 	// "switchboard-<hostname>".
@@ -85,9 +99,18 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Listen != "" {
-		if _, _, err := splitListen(c.Listen); err != nil {
+		host, _, err := splitListen(c.Listen)
+		if err != nil {
 			return err
 		}
+		if !isLoopbackHost(host) && c.Credentials.Kind() == authNone {
+			return invalidf("the embedded NATS server would accept connections from other machines on %s without credentials, and anyone reaching it could read and change the fleet state; "+
+				"give credentials (--nats-user with --nats-password-file, --nats-token-file or --nats-nkey-file) or listen on loopback only (--nats-listen :%s or 127.0.0.1:%[2]s)",
+				c.Listen, portOf(c.Listen))
+		}
+	}
+	if err := c.validateSecurity(); err != nil {
+		return err
 	}
 	if c.Replicas < 1 || c.Replicas > 5 {
 		return invalidf("Replicas is %d; JetStream keeps 1 to 5 copies (1 for the embedded server, 3 for a three-node cluster)", c.Replicas)
@@ -99,6 +122,31 @@ func (c *Config) Validate() error {
 		return invalidf("ServerName %q contains white space; use letters, digits and dashes", c.ServerName)
 	}
 	return nil
+}
+
+// validateSecurity checks the credentials and the CA file against the mode.
+func (c *Config) validateSecurity() error {
+	embedded := len(c.URLs) == 0
+	if err := c.Credentials.validate(embedded); err != nil {
+		return err
+	}
+	if embedded && c.CAFile != "" {
+		return invalidf("a CA file (%s) is for tls:// URLs of external NATS servers; the embedded server does not use TLS", c.CAFile)
+	}
+	if c.Credentials.Kind() == authNone {
+		return nil
+	}
+	for _, u := range c.URLs {
+		if urlHasUserinfo(u) {
+			return invalidf("NATS URL %s carries credentials, and %s credentials are given too; give them once, preferably from a file", redactURL(u), c.Credentials.Kind())
+		}
+	}
+	return nil
+}
+
+func portOf(listen string) string {
+	_, port, _ := net.SplitHostPort(listen)
+	return port
 }
 
 func invalidf(format string, args ...any) error {
@@ -122,13 +170,13 @@ func validateURL(raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
-		return invalidf("NATS URL %q is not a URL; write it as nats://host:4222", raw)
+		return invalidf("NATS URL %q is not a URL; write it as nats://host:4222", redactURL(raw))
 	}
 	switch u.Scheme {
 	case "nats", "tls", "ws", "wss":
 		return nil
 	default:
-		return invalidf("NATS URL %q has scheme %q; use nats://, tls://, ws:// or wss://", raw, u.Scheme)
+		return invalidf("NATS URL %q has scheme %q; use nats://, tls://, ws:// or wss://", redactURL(raw), u.Scheme)
 	}
 }
 

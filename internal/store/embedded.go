@@ -15,10 +15,11 @@ import (
 // ErrEmbeddedStart is wrapped by the errors of a failed embedded server start.
 var ErrEmbeddedStart = errors.New("embedded NATS server did not start")
 
-// startEmbedded starts a JetStream-enabled NATS server for cfg and waits,
-// bounded by readyTimeout, until it accepts connections.
-func startEmbedded(cfg Config, log *slog.Logger) (*server.Server, error) {
-	opts, err := serverOptions(cfg)
+// startEmbedded starts a JetStream-enabled NATS server for cfg, demanding
+// sec of every client, and waits, bounded by readyTimeout, until it accepts
+// connections.
+func startEmbedded(cfg Config, sec secrets, log *slog.Logger) (*server.Server, error) {
+	opts, err := serverOptions(cfg, sec)
 	if err != nil {
 		return nil, err
 	}
@@ -37,7 +38,9 @@ func startEmbedded(cfg Config, log *slog.Logger) (*server.Server, error) {
 	return ns, nil
 }
 
-func serverOptions(cfg Config) (*server.Options, error) {
+// serverOptions are the embedded server's options. A Listen without a host
+// binds loopback only: the server's own default would be every interface.
+func serverOptions(cfg Config, sec secrets) (*server.Options, error) {
 	opts := &server.Options{
 		ServerName: cfg.ServerName,
 		JetStream:  true,
@@ -53,8 +56,12 @@ func serverOptions(cfg Config) (*server.Options, error) {
 		if port == 0 {
 			port = server.RANDOM_PORT
 		}
+		if host == "" {
+			host = "127.0.0.1"
+		}
 		opts.Host, opts.Port = host, port
 	}
+	sec.requireOf(opts)
 	return opts, nil
 }
 

@@ -21,6 +21,8 @@ const (
 	attrComponent = "component"
 	attrSubject   = "subject"
 	attrError     = "error"
+	attrAuth      = "auth"
+	attrListen    = "listen"
 )
 
 // Timeouts that bound the store's lifecycle.
@@ -47,6 +49,7 @@ type Store struct {
 	js        jetstream.JetStream
 
 	connected  atomic.Bool   // false between a disconnect and the next reconnect
+	refused    atomic.Bool   // credentials refused since the last reconnect; logged once
 	closing    atomic.Bool   // set by Close, silences connection callbacks
 	connClosed chan struct{} // closed by the connection's ClosedHandler
 
@@ -81,10 +84,17 @@ func (s *Store) open(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	opts := s.connOptions()
+	sec, err := s.cfg.Credentials.load()
+	if err != nil {
+		return err
+	}
+	opts, err := s.connOptions(sec)
+	if err != nil {
+		return err
+	}
 	url := strings.Join(s.cfg.URLs, ",")
 	if len(s.cfg.URLs) == 0 {
-		ns, err := startEmbedded(s.cfg, s.log)
+		ns, err := startEmbedded(s.cfg, sec, s.log)
 		if err != nil {
 			return err
 		}
@@ -92,10 +102,16 @@ func (s *Store) open(ctx context.Context) error {
 		url = s.clientURL
 		if url == "" {
 			opts = append(opts, nats.InProcessServer(ns))
+		} else {
+			s.log.Info("embedded NATS server accepts other relays", attrListen, ns.Addr().String(), attrURL, url, attrAuth, sec.kind)
 		}
 	}
+	s.warnURLCredentials()
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
+		if isAuthError(err) {
+			return fmt.Errorf("connecting to NATS at %s: %w: %s (%w)", displayURL(url), ErrAuthFailed, sec.refused(), err)
+		}
 		return fmt.Errorf("connecting to NATS at %s: %w", displayURL(url), err)
 	}
 	s.nc = nc
@@ -120,25 +136,52 @@ func (s *Store) openJetStream(ctx context.Context) error {
 	return nil
 }
 
-func displayURL(url string) string {
-	if url == "" {
+// displayURL names the NATS servers of a comma-separated URL list in a
+// message, without the credentials a URL may carry.
+func displayURL(urls string) string {
+	if urls == "" {
 		return "the embedded server"
 	}
-	return url
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		parts[i] = redactURL(u)
+	}
+	return strings.Join(parts, ",")
 }
 
-// connOptions are the NATS client options: reconnect forever, and log each
-// disconnect and reconnect once.
-func (s *Store) connOptions() []nats.Option {
-	return []nats.Option{
+// warnURLCredentials warns when a NATS URL carries credentials: every user
+// of the machine sees a command line.
+func (s *Store) warnURLCredentials() {
+	for _, u := range s.cfg.URLs {
+		if urlHasUserinfo(u) {
+			s.log.Warn("a NATS URL carries credentials, which the command line shows to every user of this machine; prefer --nats-user with --nats-password-file, or --nats-token-file", attrURL, redactURL(u))
+		}
+	}
+}
+
+// connOptions are the NATS client options: present sec, trust cfg.CAFile,
+// reconnect forever (even while the server refuses the credentials, as it
+// may during a rotation), and log each disconnect and reconnect once.
+func (s *Store) connOptions(sec secrets) ([]nats.Option, error) {
+	opts := []nats.Option{
 		nats.Name("switchboard " + s.cfg.ServerName),
 		nats.MaxReconnects(-1),
+		nats.IgnoreAuthErrorAbort(),
 		nats.DrainTimeout(drainTimeout),
 		nats.DisconnectErrHandler(s.onDisconnect),
 		nats.ReconnectHandler(s.onReconnect),
 		nats.ClosedHandler(func(*nats.Conn) { close(s.connClosed) }),
 		nats.ErrorHandler(s.onAsyncError),
 	}
+	auth, err := sec.clientOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, auth...)
+	if s.cfg.CAFile != "" {
+		opts = append(opts, nats.RootCAs(s.cfg.CAFile))
+	}
+	return opts, nil
 }
 
 func (s *Store) onDisconnect(_ *nats.Conn, err error) {
@@ -152,6 +195,7 @@ func (s *Store) onReconnect(nc *nats.Conn) {
 	if s.closing.Load() || !s.connected.CompareAndSwap(false, true) {
 		return
 	}
+	s.refused.Store(false)
 	s.log.Info("reconnected to NATS", attrURL, nc.ConnectedUrlRedacted())
 	s.hooksMu.Lock()
 	hooks := s.onReconnects
@@ -175,6 +219,12 @@ func (s *Store) Connected() bool { return s.connected.Load() && !s.closing.Load(
 
 func (s *Store) onAsyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	if s.closing.Load() {
+		return
+	}
+	if isAuthError(err) {
+		if s.refused.CompareAndSwap(false, true) {
+			s.log.Error("NATS refuses this relay's credentials; it keeps trying, and fleet state is read-only until the server accepts them", attrError, err)
+		}
 		return
 	}
 	subject := ""

@@ -190,7 +190,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"zero value", Config{}, true},
 		{"listen", Config{Listen: "127.0.0.1:4333"}, true},
-		{"listen all interfaces", Config{Listen: ":4333"}, true},
+		{"listen port only, loopback", Config{Listen: ":4333"}, true},
 		{"external", Config{URLs: []string{"nats://a:4222", " b:4222 ", ""}, Replicas: 3}, true},
 		{"tls", Config{URLs: []string{"tls://a:4222"}}, true},
 		{"listen with external", Config{URLs: []string{"nats://a:4222"}, Listen: ":4333"}, false},

@@ -81,8 +81,14 @@ type Pool struct {
 	// OnChange, if set before the first Add, is called after a session
 	// joins or leaves. It must not block.
 	OnChange func()
+	// MaxStreams, if set before the first request, caps the requests in
+	// flight on one session (less if its agent advertises less); a device
+	// whose sessions are all at their cap answers 503 at once (BusyError).
+	// Default DefaultMaxStreams (256).
+	MaxStreams int
 
 	connects atomic.Int64 // sessions ever added
+	busy     atomic.Int64 // requests refused with a BusyError
 	drainFor atomic.Int64 // while > 0, the window in which new sessions are sent on too
 
 	mu      sync.Mutex // guards the fields below
@@ -160,23 +166,38 @@ func (p *Pool) remove(s *Session) {
 	}
 }
 
-// pick returns the device's session with the fewest requests in flight.
-func (p *Pool) pick(device string, skip map[*Session]bool) *Session {
+// pick returns the device's session with the fewest requests in flight
+// below its cap, counting the request in flight on it. When every usable
+// session is at its cap it returns a *BusyError; with none usable, nil.
+func (p *Pool) pick(device string, skip map[*Session]bool) (*Session, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	list := p.devices[device]
 	p.turn++
 	var best *Session
+	busy := &BusyError{Device: device}
 	for i := range list {
 		s := list[(p.turn+i)%len(list)]
-		if skip[s] || s.draining.Load() || !s.cc.CanTakeNewRequest() {
+		if skip[s] || !s.usable() {
+			continue
+		}
+		if limit := p.maxStreams(s); s.inflight.Load() >= limit || !s.cc.CanTakeNewRequest() {
+			busy.Agents++
+			busy.Cap = max(busy.Cap, int(limit))
 			continue
 		}
 		if best == nil || s.inflight.Load() < best.inflight.Load() {
 			best = s
 		}
 	}
-	return best
+	if best == nil && busy.Agents > 0 {
+		p.busy.Add(1)
+		return nil, busy
+	}
+	if best != nil {
+		best.inflight.Add(1)
+	}
+	return best, nil
 }
 
 // Has reports whether device has a tunnel on this relay.
@@ -214,12 +235,35 @@ func (p *Pool) CloseDevice(device string) int {
 	return n
 }
 
+// CloseAgent closes every session opened with the credential agentID,
+// draining or not, cutting its streams: the credential was revoked. It
+// returns how many it closed.
+func (p *Pool) CloseAgent(agentID string) int {
+	if agentID == "" {
+		return 0
+	}
+	p.mu.Lock()
+	var list []*Session
+	for _, ss := range p.devices {
+		for _, s := range ss {
+			if s.AgentID == agentID {
+				list = append(list, s)
+			}
+		}
+	}
+	p.mu.Unlock()
+	for _, s := range list {
+		s.Close()
+	}
+	return len(list)
+}
+
 // Ready reports whether device has a session that takes new requests.
 func (p *Pool) Ready(device string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range p.devices[device] {
-		if !s.draining.Load() && s.cc.CanTakeNewRequest() {
+		if s.usable() { // busy or not: a busy device answers 503 here
 			return true
 		}
 	}
@@ -334,16 +378,19 @@ func (p *Pool) WaitEmpty(ctx context.Context) error {
 
 // RoundTrip sends req to a tunnel of the device named by req.URL.Host. A
 // session that fails before the request left moves it to the next session;
-// with none left it returns ErrNoSession.
+// with none left it returns ErrNoSession. When every session is at its cap
+// of requests in flight it returns a *BusyError (503) at once.
 func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
 	var tried map[*Session]bool
 	for {
-		s := p.pick(device, tried)
+		s, err := p.pick(device, tried)
+		if err != nil {
+			return nil, err
+		}
 		if s == nil {
 			return nil, fmt.Errorf("device %q: %w", device, ErrNoSession)
 		}
-		s.inflight.Add(1)
 		resp, err := s.RoundTrip(req)
 		if err == nil {
 			resp.Body = &countedBody{ReadCloser: resp.Body, s: s}
@@ -434,4 +481,5 @@ func (p *Pool) RegisterMetrics(reg prometheus.Registerer) {
 		Name: "switchboard_tunnel_sessions",
 		Help: "Native agent tunnels connected to this relay.",
 	}, func() float64 { return float64(p.Sessions()) }))
+	p.registerStreamMetrics(reg)
 }

@@ -14,11 +14,12 @@ import (
 
 // Serve serves HTTP/2 with h on an agent's tunnel connection until the
 // connection dies or ctx ends. Streams marked as upgrades are handed to
-// upgrader instead of h.
+// upgrader instead of h. It advertises DefaultMaxStreams concurrent
+// streams, the relay's default cap per agent: a relay sends no more.
 func Serve(ctx context.Context, conn net.Conn, h http.Handler, l Liveness) {
 	l = l.WithDefaults()
 	srv := &http2.Server{
-		MaxConcurrentStreams:         1000,
+		MaxConcurrentStreams:         DefaultMaxStreams,
 		MaxUploadBufferPerStream:     4 << 20,
 		MaxUploadBufferPerConnection: 16 << 20,
 		ReadIdleTimeout:              l.Interval,
