@@ -36,6 +36,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.StringVar(&cfg.NATSCredentials.TokenFile, "nats-token-file", "", "`file` holding a NATS authorization token")
 	fs.StringVar(&cfg.NATSCredentials.NkeySeedFile, "nats-nkey-file", "", "`file` holding a NATS nkey user seed (SU…, from 'nk -gen user')")
 	fs.StringVar(&cfg.NATSCredentials.CredsFile, "nats-creds", "", "NATS .creds `file` (user JWT and seed) for an operator-mode NATS; external NATS only")
+	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", 1, "copies an external NATS cluster keeps of each bucket and stream (`n`): 3 on a three-node cluster; 1 for the embedded server")
 	fs.StringVar(&cfg.NATSCAFile, "nats-ca-file", "", "PEM `file` of the CAs that sign the external NATS servers' certificates (tls:// URLs)")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "the `URL` other relays and agents use to reach this one; empty derives it from --listen")
 	fs.StringVar(&cfg.Region, "region", "", "region `label` used by fleet ranking")

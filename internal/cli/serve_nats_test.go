@@ -55,3 +55,20 @@ func TestServeRefusesOpenEmbeddedNATSWithoutCredentials(t *testing.T) {
 		}
 	}
 }
+
+func TestServeNATSReplicas(t *testing.T) {
+	fs := newFlagSet("serve", io.Discard)
+	var cfg node.Config
+	var logf logFlags
+	serveFlags(fs, &cfg, &logf)
+	if err := fs.Parse([]string{"--nats-replicas", "3"}); err != nil || cfg.NATSReplicas != 3 {
+		t.Fatalf("--nats-replicas 3: %d, %v", cfg.NATSReplicas, err)
+	}
+	err := Main(context.Background(), []string{"serve",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data", t.TempDir(),
+		"--nats-replicas", "3",
+	}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "embedded NATS server is a single node") {
+		t.Fatalf("three replicas on the embedded server: %v", err)
+	}
+}

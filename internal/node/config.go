@@ -40,6 +40,10 @@ type Config struct {
 	// NATSCAFile names the CA certificates (PEM) that verify tls:// NATS
 	// servers. Empty, the default, trusts the system's roots.
 	NATSCAFile string
+	// NATSReplicas is how many copies an external NATS cluster keeps of
+	// each bucket and stream: 3 on a three-node cluster. Default 1, the
+	// only value the embedded server takes.
+	NATSReplicas int
 	// Advertise is the URL other relays and agents use to reach this relay;
 	// empty derives it from the public listener (https:// when it serves
 	// TLS).

@@ -148,7 +148,7 @@ func (n *Node) openState(ctx context.Context) error {
 	var err error
 	n.store, err = store.Open(ctx, store.Config{
 		DataDir: n.cfg.DataDir, URLs: n.cfg.NATS, Listen: n.cfg.NATSListen,
-		Credentials: n.cfg.NATSCredentials, CAFile: n.cfg.NATSCAFile, Logger: n.log,
+		Credentials: n.cfg.NATSCredentials, CAFile: n.cfg.NATSCAFile, Replicas: n.cfg.NATSReplicas, Logger: n.log,
 	})
 	if err != nil {
 		return fmt.Errorf("open fleet store: %w", err)

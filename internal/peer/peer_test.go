@@ -185,8 +185,8 @@ func FuzzVerify(f *testing.F) {
 	f.Fuzz(func(t *testing.T, v, device string) {
 		from, err := s.Verify(http.Header{Header: {v}}, device)
 		if err != nil {
-			if !errors.Is(err, ErrBadSignature) {
-				t.Fatalf("an error that is not ErrBadSignature: %v", err)
+			if v == "" && !errors.Is(err, ErrNoSignature) || v != "" && !errors.Is(err, ErrBadSignature) {
+				t.Fatalf("%q: %v, want ErrNoSignature for an empty header, else ErrBadSignature", v, err)
 			}
 			return
 		}
