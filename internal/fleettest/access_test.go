@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -407,4 +409,59 @@ func TestAuthBackoff(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// lockedBuffer is a bytes.Buffer safe for the relay's concurrent logging.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAccessCodesStayOutOfLogs uses, reuses and forges codes on a relay
+// logging at debug level, and finds no trace of them in its log or its
+// metrics.
+func TestAccessCodesStayOutOfLogs(t *testing.T) {
+	logs := &lockedBuffer{}
+	r := StartRelay(t, func(c *node.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	b := newBackend(t, "b1")
+	StartAgent(t, r, "dev", b.URL, r.Token(t, auth.KindAgent, "dev agent", "dev"))
+	r.WaitDevice(t, "dev")
+	user := r.Token(t, auth.KindUser, "alice", "dev")
+	var codes []string
+	for _, path := range []string{"/echo/ok", "/nowhere", "/ws"} {
+		c := issueCode(t, r, user, "dev", path)
+		codes = append(codes, c.Code)
+		get(t, r.URL+c.URLPath)
+		get(t, r.URL+c.URLPath) // reused
+	}
+	forged := codes[0][:len(codes[0])-4] + "AAAA"
+	codes = append(codes, forged)
+	get(t, r.URL+"/client/dev/echo/x?code="+forged)
+	get(t, r.URL+"/client/other/x?code="+codes[1])
+	_, metrics, _ := get(t, r.AdminURL+"/metrics")
+	for _, c := range codes {
+		_, sig, _ := strings.Cut(c, ".")
+		for where, text := range map[string]string{"log": logs.String(), "metrics": metrics} {
+			if strings.Contains(text, sig) || strings.Contains(text, c[:40]) {
+				t.Errorf("the %s holds a code: %.60s…", where, c)
+			}
+		}
+	}
+	if !strings.Contains(logs.String(), "level=DEBUG") {
+		t.Error("the relay logged nothing at debug level: the test looked at nothing")
+	}
 }
