@@ -105,6 +105,25 @@ func listCommand[T any](ctx context.Context, g *ctlGlobals, name string, args []
 	return table(stdout, items, time.Now())
 }
 
+// showCommand runs a command that shows one thing and takes no argument:
+// its flags, one call of the operator API, then the answer as JSON or as
+// text.
+func showCommand[T any](ctx context.Context, g *ctlGlobals, name string, args []string, stdout, stderr io.Writer,
+	fetch func(*control.Client, context.Context) (T, error), text func(io.Writer, T, time.Time) error) error {
+	c, err := g.connectFor(name, args, stderr)
+	if err != nil {
+		return err
+	}
+	v, err := fetch(c, ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, g.explain(err))
+	}
+	if g.output == outputJSON {
+		return writeJSON(stdout, v)
+	}
+	return text(stdout, v, time.Now())
+}
+
 func writeRelayTable(w io.Writer, relays []fleet.RelayStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tHOSTNAME\tREGION\tADDRESSES\tVERSION\tHEALTHY\tFRESH\tDRAINING\tLAST SEEN\tSESSIONS\tDEVICES")
@@ -468,18 +487,8 @@ func (ew *eventWriter) write(e fleet.Event) error {
 // --- status ---
 
 func runStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	c, err := g.connectFor("ctl status", args, stderr)
-	if err != nil {
-		return err
-	}
-	st, err := c.Status(ctx)
-	if err != nil {
-		return fmt.Errorf("ctl status: %w", g.explain(err))
-	}
-	if g.output == outputJSON {
-		return writeJSON(stdout, st)
-	}
-	return writeStatus(stdout, st)
+	return showCommand(ctx, g, "ctl status", args, stdout, stderr, (*control.Client).Status,
+		func(w io.Writer, st fleet.Status, _ time.Time) error { return writeStatus(w, st) })
 }
 
 func writeStatus(w io.Writer, st fleet.Status) error {

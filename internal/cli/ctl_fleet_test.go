@@ -27,15 +27,34 @@ func runCode(ctx context.Context, args ...string) (code int, stdout, stderr stri
 	return code, out.String(), errOut.String()
 }
 
-// TestCtlFleetArgumentErrors checks that a wrong command line is refused
-// before any relay is asked: the admin URL leads nowhere and the token file
-// does not exist.
-func TestCtlFleetArgumentErrors(t *testing.T) {
+// argumentError is a wrong command line and what ctl says of it: the whole
+// last line of stderr, without the leading "switchboard: ".
+type argumentError struct {
+	args []string
+	want string
+}
+
+// checkArgumentErrors checks, in a subtest each, that a wrong command line
+// is refused as a usage error before any relay is asked: the admin URL
+// leads nowhere and the token file does not exist.
+func checkArgumentErrors(t *testing.T, tests []argumentError) {
 	nowhere := []string{"--admin", "http://127.0.0.1:1", "--token-file", filepath.Join(t.TempDir(), "none")}
-	tests := []struct {
-		args []string
-		want string // the whole last line of stderr
-	}{
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			code, stdout, stderr := runCode(context.Background(), append(nowhere, tt.args...)...)
+			lines := strings.Split(strings.TrimSpace(stderr), "\n")
+			if last := lines[len(lines)-1]; code != ExitUsage || last != "switchboard: "+tt.want {
+				t.Fatalf("exit %d, last stderr line %q\nwant exit %d, %q", code, last, ExitUsage, "switchboard: "+tt.want)
+			}
+			if stdout != "" {
+				t.Fatalf("stdout = %q, want nothing", stdout)
+			}
+		})
+	}
+}
+
+func TestCtlFleetArgumentErrors(t *testing.T) {
+	checkArgumentErrors(t, []argumentError{
 		{[]string{"relays"}, "ctl relays: no command given; use list, drain or undrain"},
 		{[]string{"relays", "show"}, `ctl relays: unknown command "show"; use list, drain or undrain`},
 		{[]string{"relays", "list", "extra"}, `switchboard ctl relays list: unexpected argument "extra"`},
@@ -57,19 +76,7 @@ func TestCtlFleetArgumentErrors(t *testing.T) {
 		{[]string{"roll"}, "ctl roll: give --update-cmd, the command that updates one relay (see docs/operations.md)"},
 		{[]string{"roll", "enable", "extra"}, `switchboard ctl roll: unexpected argument "extra"`},
 		{[]string{"relays", "list", "-o", "yaml"}, `-o "yaml": use table or json`},
-	}
-	for _, tt := range tests {
-		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			code, stdout, stderr := runCode(context.Background(), append(nowhere, tt.args...)...)
-			lines := strings.Split(strings.TrimSpace(stderr), "\n")
-			if last := lines[len(lines)-1]; code != ExitUsage || last != "switchboard: "+tt.want {
-				t.Fatalf("exit %d, last stderr line %q\nwant exit %d, %q", code, last, ExitUsage, "switchboard: "+tt.want)
-			}
-			if stdout != "" {
-				t.Fatalf("stdout = %q, want nothing", stdout)
-			}
-		})
-	}
+	})
 }
 
 // fakeFleet is the fleet state behind a real operator API handler: what it
@@ -178,9 +185,23 @@ func (f *fakeFleet) Status() fleet.Status {
 // token store of a ctlFixture.
 func fakeFleetFixture(t *testing.T) (*ctlFixture, *fakeFleet) {
 	t.Helper()
-	f := newCtlFixture(t)
+	f, ff := newCtlFixture(t), newFakeFleet()
+	f.serveFleet(t, ff)
+	return f, ff
+}
+
+// serveFleet points f at a new operator API handler over fl, with f's
+// token store.
+func (f *ctlFixture) serveFleet(t *testing.T, fl control.Fleet) {
+	srv := httptest.NewServer(control.NewHandler(control.Config{Tokens: f.tokens, Fleet: fl}))
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
+}
+
+// newFakeFleet returns a fakeFleet of two relays and three devices.
+func newFakeFleet() *fakeFleet {
 	seen := time.Now().Add(-3*time.Minute - 30*time.Second)
-	ff := &fakeFleet{
+	return &fakeFleet{
 		relays: []fleet.RelayStatus{
 			{ID: "rl-0000000a", Hostname: "edge-a", Region: "eu", Addresses: []string{"http://10.0.0.1:8080"}, Version: "v1.2.0",
 				Healthy: true, Fresh: true, LastSeenAt: seen, ForwardSessions: 2, MaxForward: 512, AttachedDevices: 2},
@@ -195,10 +216,6 @@ func fakeFleetFixture(t *testing.T) (*ctlFixture, *fakeFleet) {
 		draining: map[string]bool{},
 		stream:   make(chan fleet.Event),
 	}
-	srv := httptest.NewServer(control.NewHandler(control.Config{Tokens: f.tokens, Fleet: ff}))
-	t.Cleanup(srv.Close)
-	f.url = srv.URL
-	return f, ff
 }
 
 func TestCtlRelays(t *testing.T) {

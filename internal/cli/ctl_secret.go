@@ -41,18 +41,7 @@ func runSecret(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr
 }
 
 func secretStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	c, err := g.connectFor("ctl secret status", args, stderr)
-	if err != nil {
-		return err
-	}
-	st, err := c.SecretStatus(ctx)
-	if err != nil {
-		return fmt.Errorf("ctl secret status: %w", g.explain(err))
-	}
-	if g.output == outputJSON {
-		return writeJSON(stdout, st)
-	}
-	return writeSecretStatus(stdout, st, time.Now())
+	return showCommand(ctx, g, "ctl secret status", args, stdout, stderr, (*control.Client).SecretStatus, writeSecretStatus)
 }
 
 func writeSecretStatus(w io.Writer, st fleet.SecretStatus, now time.Time) error {

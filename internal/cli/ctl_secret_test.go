@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,25 +15,13 @@ import (
 )
 
 func TestCtlSecretArgumentErrors(t *testing.T) {
-	nowhere := []string{"--admin", "http://127.0.0.1:1", "--token-file", filepath.Join(t.TempDir(), "none")}
-	for _, tt := range []struct {
-		args []string
-		want string
-	}{
+	checkArgumentErrors(t, []argumentError{
 		{[]string{"secret"}, "ctl secret: no command given; use status or rotate"},
 		{[]string{"secret", "show"}, `ctl secret: unknown command "show"; use status or rotate`},
 		{[]string{"secret", "status", "extra"}, `switchboard ctl secret status: unexpected argument "extra"`},
 		{[]string{"secret", "rotate", "--grace", "-1s"}, "ctl secret rotate: --grace -1s: give 0 to 720h0m0s"},
 		{[]string{"secret", "rotate", "--poll", "0s"}, "ctl secret rotate: --timeout and --poll must be positive"},
-	} {
-		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			code, stdout, stderr := runCode(context.Background(), append(nowhere, tt.args...)...)
-			lines := strings.Split(strings.TrimSpace(stderr), "\n")
-			if last := lines[len(lines)-1]; code != ExitUsage || last != "switchboard: "+tt.want || stdout != "" {
-				t.Fatalf("exit %d, last stderr line %q, stdout %q\nwant exit %d, %q", code, last, stdout, ExitUsage, "switchboard: "+tt.want)
-			}
-		})
-	}
+	})
 }
 
 // secretFleet is a fake fleet secret: three relays that apply each step of
@@ -117,11 +103,8 @@ func (s *secretFleet) FinishSecretRotation(_ context.Context, _ string, grace ti
 
 func secretFixture(t *testing.T) (*ctlFixture, *secretFleet) {
 	t.Helper()
-	f, ff := fakeFleetFixture(t)
-	sf := newSecretFleet(ff)
-	srv := httptest.NewServer(control.NewHandler(control.Config{Tokens: f.tokens, Fleet: sf}))
-	t.Cleanup(srv.Close)
-	f.url = srv.URL
+	f, sf := newCtlFixture(t), newSecretFleet(newFakeFleet())
+	f.serveFleet(t, sf)
 	return f, sf
 }
 

@@ -236,12 +236,7 @@ func (m *Member) LeaseHeld() bool { return m.leaseHeld.Load() }
 
 // Changed tells the member that the relay's devices changed, so that it
 // publishes them soon. It never blocks.
-func (m *Member) Changed() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
-}
+func (m *Member) Changed() { nudge(m.kick) }
 
 // NoteLost records that an agent of device arriving now lost its previous
 // relay lostFor ago, so that the device's move, once written, carries how
@@ -259,12 +254,7 @@ func (m *Member) NoteLost(device string, lostFor time.Duration) {
 
 // BeatNow asks for a heartbeat at once, to announce a change such as a
 // shutdown without waiting for the next interval. It never blocks.
-func (m *Member) BeatNow() {
-	select {
-	case m.beatNow <- struct{}{}:
-	default:
-	}
-}
+func (m *Member) BeatNow() { nudge(m.beatNow) }
 
 // Record adds an event to the fleet's event log.
 func (m *Member) Record(e Event) {
@@ -272,7 +262,18 @@ func (m *Member) Record(e Event) {
 	m.events.add(e)
 }
 
-func (m *Member) beatLoop(ctx context.Context) {
+// nudge asks the loop that reads ch, a channel of one slot, to run now. It
+// never blocks: a nudge already waiting is enough.
+func nudge(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// everyBeat calls f every beat interval and whenever kick receives, until
+// ctx ends.
+func (m *Member) everyBeat(ctx context.Context, kick <-chan struct{}, f func(context.Context)) {
 	t := time.NewTicker(m.cfg.BeatInterval)
 	defer t.Stop()
 	for {
@@ -280,27 +281,36 @@ func (m *Member) beatLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-m.beatNow:
+		case <-kick:
 		}
-		err := m.beat(ctx)
-		if err != nil && ctx.Err() == nil && m.st.Connected() {
-			// NATS answers, but the beat failed: the buckets may be gone.
-			ectx, cancel := context.WithTimeout(ctx, opTimeout)
-			if _, eerr := ensureState(ectx, m.st); eerr == nil {
-				err = m.beat(ctx)
-			}
-			cancel()
+		f(ctx)
+	}
+}
+
+func (m *Member) beatLoop(ctx context.Context) { m.everyBeat(ctx, m.beatNow, m.beatOnce) }
+
+// beatOnce writes one heartbeat, recreating the buckets if NATS answers but
+// the heartbeat fails, and notes when the fleet state becomes unreachable
+// or reachable again.
+func (m *Member) beatOnce(ctx context.Context) {
+	err := m.beat(ctx)
+	if err != nil && ctx.Err() == nil && m.st.Connected() {
+		// NATS answers, but the beat failed: the buckets may be gone.
+		ectx, cancel := context.WithTimeout(ctx, opTimeout)
+		if _, eerr := ensureState(ectx, m.st); eerr == nil {
+			err = m.beat(ctx)
 		}
-		switch {
-		case err == nil && !m.reachable.Swap(true):
-			m.log.Info("fleet state reachable again; heartbeat and attachments re-published")
-			m.relays.Resync()
-			m.devices.Resync()
-			m.secretRec.Resync()
-			m.Changed()
-		case err != nil && ctx.Err() == nil && m.reachable.Swap(false):
-			m.log.Warn("fleet state unreachable; serving what this relay already knows", "error", err)
-		}
+		cancel()
+	}
+	switch {
+	case err == nil && !m.reachable.Swap(true):
+		m.log.Info("fleet state reachable again; heartbeat and attachments re-published")
+		m.relays.Resync()
+		m.devices.Resync()
+		m.secretRec.Resync()
+		m.Changed()
+	case err != nil && ctx.Err() == nil && m.reachable.Swap(false):
+		m.log.Warn("fleet state unreachable; serving what this relay already knows", "error", err)
 	}
 }
 
@@ -340,19 +350,11 @@ func (m *Member) beat(ctx context.Context) error {
 }
 
 func (m *Member) reconcileLoop(ctx context.Context) {
-	t := time.NewTicker(m.cfg.BeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-m.kick:
-		case <-t.C:
-		}
+	m.everyBeat(ctx, m.kick, func(ctx context.Context) {
 		if err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
 			m.log.Debug("publishing attachments", "error", err)
 		}
-	}
+	})
 }
 
 // reconcile writes the changes between what the relay holds and what it

@@ -314,27 +314,14 @@ func (m *Member) SecretSource() string {
 }
 
 // kickSecret asks the secret loop to look now. It never blocks.
-func (m *Member) kickSecret() {
-	select {
-	case m.secretKick <- struct{}{}:
-	default:
-	}
-}
+func (m *Member) kickSecret() { nudge(m.secretKick) }
 
 // secretLoop keeps the ring current: from the stored record when it changes
 // (fleet source), or from the file when its content changes (file source,
 // read every beat interval), and refreshes what routing knows of the other
 // relays' secrets.
 func (m *Member) secretLoop(ctx context.Context) {
-	t := time.NewTicker(m.cfg.BeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-m.secretKick:
-		}
+	m.everyBeat(ctx, m.secretKick, func(ctx context.Context) {
 		if m.cfg.SecretFile != "" {
 			m.reloadSecretFile()
 		} else {
@@ -342,7 +329,7 @@ func (m *Member) secretLoop(ctx context.Context) {
 		}
 		m.refreshSecretView()
 		m.noteRefusals()
-	}
+	})
 }
 
 // noteRefusals logs, when it changes, which relays report that they do not

@@ -1,22 +1,15 @@
 package fleettest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/tlsconf/tlstest"
 )
 
 // CA is a throwaway certificate authority made at test time, for relays
@@ -25,85 +18,26 @@ type CA struct {
 	Cert *x509.Certificate
 	Pool *x509.CertPool // holds Cert alone
 	File string         // Cert as a PEM file, for --ca-file and PeerCAFile
-	key  *ecdsa.PrivateKey
+	ca   *tlstest.CA
 	dir  string
 }
 
 // NewCA makes a CA whose files live in a directory of the test's.
 func NewCA(t testing.TB) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "Switchboard test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &CA{Cert: cert, Pool: x509.NewCertPool(), key: key, dir: t.TempDir()}
-	ca.Pool.AddCert(cert)
-	ca.File = writePEM(t, filepath.Join(ca.dir, "ca.pem"), "CERTIFICATE", der)
-	return ca
+	ca, dir := tlstest.NewCA(t), t.TempDir()
+	return &CA{Cert: ca.Cert(), Pool: ca.Pool(), File: ca.WriteCert(t, dir), ca: ca, dir: dir}
 }
 
 // Issue writes a server certificate named name for 127.0.0.1 and
 // localhost, signed by the CA, and its key, and returns their paths.
 func (ca *CA) Issue(t testing.TB, name string) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:     []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir, err := os.MkdirTemp(ca.dir, "leaf")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return writePEM(t, filepath.Join(dir, "cert.pem"), "CERTIFICATE", der),
-		writePEM(t, filepath.Join(dir, "key.pem"), "EC PRIVATE KEY", kder)
-}
-
-// writePEM writes der as one PEM block of type typ to path.
-func writePEM(t testing.TB, path, typ string, der []byte) string {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return ca.ca.WritePair(t, dir, name)
 }
 
 // RelayTLS is a relay option: public and admin listeners serve TLS with

@@ -1,17 +1,10 @@
 package store
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+
+	"github.com/switchboard-relay/switchboard/internal/tlsconf/tlstest"
 )
 
 // writeFile writes content to a file of mode 0600 in a fresh directory and
@@ -187,7 +182,11 @@ func TestListenBeyondLoopbackRequiresCredentials(t *testing.T) {
 }
 
 func TestCAFileVerifiesTLSServer(t *testing.T) {
-	certPEM, cert := selfSignedCert(t)
+	ca := tlstest.NewCA(t)
+	cert, err := tls.X509KeyPair(ca.Issue(t, "switchboard test NATS"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ns, err := server.NewServer(&server.Options{
 		Host: "127.0.0.1", Port: server.RANDOM_PORT, NoSigs: true,
 		JetStream: true, StoreDir: t.TempDir(),
@@ -206,36 +205,10 @@ func TestCAFileVerifiesTLSServer(t *testing.T) {
 	if _, err := Open(testContext(t), Config{URLs: []string{url}}); err == nil {
 		t.Fatal("Open trusted a certificate no known CA signed")
 	}
-	s := openStore(t, Config{URLs: []string{url}, CAFile: writeFile(t, "ca.pem", string(certPEM))})
+	s := openStore(t, Config{URLs: []string{url}, CAFile: writeFile(t, "ca.pem", string(ca.PEM()))})
 	if _, err := s.KeyValue(testContext(t), "over_tls"); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// selfSignedCert returns a self-signed CA certificate for 127.0.0.1, as
-// PEM and as a key pair for a server.
-func selfSignedCert(t *testing.T) ([]byte, tls.Certificate) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "switchboard test NATS"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 func TestConfigValidateCredentials(t *testing.T) {

@@ -1,118 +1,17 @@
 package tlsconf
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
+	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/tlsconf/tlstest"
 )
-
-// testCA is a throwaway certificate authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "tlsconf test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns a PEM server certificate and key for 127.0.0.1 named cn.
-func (ca *testCA) issue(t *testing.T, cn string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:     []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
-
-// pool returns a pool holding the CA alone.
-func (ca *testCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
-
-// replaceFile puts data at path the way deployment tools do: written
-// beside it, then renamed over it.
-func replaceFile(t *testing.T, path string, data []byte) {
-	t.Helper()
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// writePair writes a certificate and key for cn into dir and returns their paths.
-func writePair(t *testing.T, ca *testCA, dir, cn string) (certFile, keyFile string) {
-	t.Helper()
-	certPEM, keyPEM := ca.issue(t, cn)
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	replaceFile(t, certFile, certPEM)
-	replaceFile(t, keyFile, keyPEM)
-	return certFile, keyFile
-}
 
 // serveTLS accepts TLS connections with cfg on a loopback port until the
 // test ends, completing each handshake and closing the connection.
@@ -141,6 +40,19 @@ func serveTLS(t *testing.T, cfg *tls.Config) string {
 		}
 	})
 	return ln.Addr().String()
+}
+
+// newReloader has ca write a certificate named cn and its key into dir,
+// replacing any pair there, and returns a Reloader of them that logs to log
+// (nil: nowhere), and their paths.
+func newReloader(t *testing.T, ca *tlstest.CA, dir, cn string, log *slog.Logger) (r *Reloader, certFile, keyFile string) {
+	t.Helper()
+	certFile, keyFile = ca.WritePair(t, dir, cn)
+	r, err := NewReloader(certFile, keyFile, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, certFile, keyFile
 }
 
 // handshake connects to addr with cfg and returns the negotiated state.

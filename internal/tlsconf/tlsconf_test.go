@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/tlsconf/tlstest"
 )
 
 // logBuffer collects a logger's output, safe for concurrent writes.
@@ -50,22 +52,18 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 func TestReloaderPicksUpReplacedFiles(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlstest.NewCA(t)
 	dir := t.TempDir()
-	certFile, keyFile := writePair(t, ca, dir, "first")
-	r, err := NewReloader(certFile, keyFile, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, _, _ := newReloader(t, ca, dir, "first", nil)
 	r.every = 10 * time.Millisecond
 	addr := serveTLS(t, Server(r))
-	if name, err := servedName(addr, ca.pool()); err != nil || name != "first" {
+	if name, err := servedName(addr, ca.Pool()); err != nil || name != "first" {
 		t.Fatalf("before the change: %q, %v", name, err)
 	}
 
-	writePair(t, ca, dir, "second")
+	ca.WritePair(t, dir, "second")
 	eventually(t, 5*time.Second, func() error {
-		name, err := servedName(addr, ca.pool())
+		name, err := servedName(addr, ca.Pool())
 		if err != nil {
 			return err
 		}
@@ -77,38 +75,30 @@ func TestReloaderPicksUpReplacedFiles(t *testing.T) {
 }
 
 func TestReloaderLooksAtMostOncePerInterval(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlstest.NewCA(t)
 	dir := t.TempDir()
-	certFile, keyFile := writePair(t, ca, dir, "first")
-	r, err := NewReloader(certFile, keyFile, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, _, _ := newReloader(t, ca, dir, "first", nil)
 	clock := &fakeClock{now: time.Now()}
 	r.now = clock.Now
 	r.checked = clock.Now()
 	addr := serveTLS(t, Server(r))
 
-	writePair(t, ca, dir, "second")
+	ca.WritePair(t, dir, "second")
 	clock.Advance(CheckInterval - time.Millisecond)
-	if name, err := servedName(addr, ca.pool()); err != nil || name != "first" {
+	if name, err := servedName(addr, ca.Pool()); err != nil || name != "first" {
 		t.Fatalf("within the interval: %q, %v; want the files left alone", name, err)
 	}
 	clock.Advance(time.Millisecond)
-	if name, err := servedName(addr, ca.pool()); err != nil || name != "second" {
+	if name, err := servedName(addr, ca.Pool()); err != nil || name != "second" {
 		t.Fatalf("after the interval: %q, %v; want the new certificate", name, err)
 	}
 }
 
 func TestReloaderKeepsCertificateOnBrokenReplacement(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlstest.NewCA(t)
 	dir := t.TempDir()
-	certFile, keyFile := writePair(t, ca, dir, "first")
 	logs := &logBuffer{}
-	r, err := NewReloader(certFile, keyFile, slog.New(slog.NewTextHandler(logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, certFile, keyFile := newReloader(t, ca, dir, "first", slog.New(slog.NewTextHandler(logs, nil)))
 	clock := &fakeClock{now: time.Now()}
 	r.now = clock.Now
 	addr := serveTLS(t, Server(r))
@@ -116,7 +106,7 @@ func TestReloaderKeepsCertificateOnBrokenReplacement(t *testing.T) {
 	served := func() string {
 		t.Helper()
 		clock.Advance(CheckInterval)
-		name, err := servedName(addr, ca.pool())
+		name, err := servedName(addr, ca.Pool())
 		if err != nil {
 			t.Fatalf("handshake: %v", err)
 		}
@@ -125,7 +115,7 @@ func TestReloaderKeepsCertificateOnBrokenReplacement(t *testing.T) {
 	warnings := func() int { return strings.Count(logs.String(), "do not load") }
 
 	// A certificate file that is not PEM.
-	replaceFile(t, certFile, []byte("not a certificate"))
+	tlstest.WriteFile(t, certFile, []byte("not a certificate"))
 	for range 3 {
 		if name := served(); name != "first" {
 			t.Fatalf("broken certificate file: served %q, want the previous one", name)
@@ -139,8 +129,8 @@ func TestReloaderKeepsCertificateOnBrokenReplacement(t *testing.T) {
 	}
 
 	// Half of a new pair: the certificate is new, the key still the old one.
-	newCert, newKey := ca.issue(t, "second")
-	replaceFile(t, certFile, newCert)
+	newCert, newKey := ca.Issue(t, "second")
+	tlstest.WriteFile(t, certFile, newCert)
 	for range 3 {
 		if name := served(); name != "first" {
 			t.Fatalf("half-written pair: served %q, want the previous one", name)
@@ -151,7 +141,7 @@ func TestReloaderKeepsCertificateOnBrokenReplacement(t *testing.T) {
 	}
 
 	// The key arrives: the pair is whole again.
-	replaceFile(t, keyFile, newKey)
+	tlstest.WriteFile(t, keyFile, newKey)
 	if name := served(); name != "second" {
 		t.Fatalf("completed pair: served %q, want %q", name, "second")
 	}
@@ -166,19 +156,19 @@ func TestReloaderKeepsCertificateOnBrokenReplacement(t *testing.T) {
 	if name := served(); name != "second" {
 		t.Fatalf("missing certificate file: served %q, want the previous one", name)
 	}
-	writePair(t, ca, dir, "third")
+	ca.WritePair(t, dir, "third")
 	if name := served(); name != "third" {
 		t.Fatalf("restored files: served %q, want %q", name, "third")
 	}
 }
 
 func TestNewReloaderErrorsNameTheFile(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlstest.NewCA(t)
 	dir := t.TempDir()
-	certFile, keyFile := writePair(t, ca, dir, "first")
+	certFile, keyFile := ca.WritePair(t, dir, "first")
 	missing := filepath.Join(dir, "missing.pem")
 	otherDir := t.TempDir()
-	_, otherKey := writePair(t, ca, otherDir, "other")
+	_, otherKey := ca.WritePair(t, otherDir, "other")
 	garbage := filepath.Join(dir, "garbage.pem")
 	if err := os.WriteFile(garbage, []byte("garbage"), 0o600); err != nil {
 		t.Fatal(err)
@@ -207,18 +197,10 @@ func TestNewReloaderErrorsNameTheFile(t *testing.T) {
 }
 
 func TestLoadCAPool(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlstest.NewCA(t)
 	dir := t.TempDir()
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := writePair(t, ca, dir, "relay")
-	pool, err := LoadCAPool(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewReloader(certFile, keyFile, nil)
+	r, _, keyFile := newReloader(t, ca, dir, "relay", nil)
+	pool, err := LoadCAPool(ca.WriteCert(t, dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,12 +218,8 @@ func TestLoadCAPool(t *testing.T) {
 }
 
 func TestServerConfigNegotiates(t *testing.T) {
-	ca := newTestCA(t)
-	certFile, keyFile := writePair(t, ca, t.TempDir(), "relay")
-	r, err := NewReloader(certFile, keyFile, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := tlstest.NewCA(t)
+	r, _, _ := newReloader(t, ca, t.TempDir(), "relay", nil)
 	addr := serveTLS(t, Server(r))
 	for _, tc := range []struct {
 		offer []string
@@ -250,28 +228,21 @@ func TestServerConfigNegotiates(t *testing.T) {
 		{[]string{ProtoH2, ProtoHTTP1}, ProtoH2},
 		{[]string{ProtoHTTP1}, ProtoHTTP1}, // the native tunnel and websockets
 	} {
-		st, err := handshake(addr, &tls.Config{RootCAs: ca.pool(), ServerName: "127.0.0.1", NextProtos: tc.offer})
+		st, err := handshake(addr, &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", NextProtos: tc.offer})
 		if err != nil || st.NegotiatedProtocol != tc.want {
 			t.Errorf("offering %v: negotiated %q, %v; want %q", tc.offer, st.NegotiatedProtocol, err, tc.want)
 		}
 	}
-	if _, err := handshake(addr, &tls.Config{RootCAs: ca.pool(), ServerName: "127.0.0.1", MaxVersion: tls.VersionTLS11}); err == nil {
+	if _, err := handshake(addr, &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", MaxVersion: tls.VersionTLS11}); err == nil {
 		t.Error("a TLS 1.1 client was served")
 	}
 }
 
 func TestClientConfig(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlstest.NewCA(t)
 	dir := t.TempDir()
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := writePair(t, ca, dir, "relay")
-	r, err := NewReloader(certFile, keyFile, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	caFile := ca.WriteCert(t, dir)
+	r, _, _ := newReloader(t, ca, dir, "relay", nil)
 	addr := serveTLS(t, Server(r))
 
 	system, err := Client("")
