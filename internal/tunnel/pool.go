@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -397,7 +398,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		s.inflight.Add(-1)
-		if !unsent(err, req) {
+		if !unsent(err, req) && !lostIdempotent(err, req) {
 			return nil, err
 		}
 		if tried == nil {
@@ -418,6 +419,38 @@ func unsent(err error, req *http.Request) bool {
 	return errors.Is(err, http2.ErrNoCachedConn) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		err.Error() == errClientConnUnusable // x/net keeps this error unexported
 }
+
+// lostIdempotent reports whether err means that the agent's connection
+// died with req in flight and no answer, and req may be sent again: an
+// idempotent method, no upgrade, and no body that cannot be had again (RFC
+// 9110, section 9.2.2, lets an intermediary retry such a request). An agent
+// that is moving or dies then costs such requests a retry, not a 502.
+func lostIdempotent(err error, req *http.Request) bool {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+	default:
+		return false
+	}
+	if req.Header.Get("Upgrade") != "" || req.Context().Err() != nil {
+		return false
+	}
+	if req.Body != nil && req.Body != http.NoBody {
+		if req.GetBody == nil {
+			return false
+		}
+		body, berr := req.GetBody()
+		if berr != nil {
+			return false
+		}
+		req.Body = body
+	}
+	return err.Error() == errClientConnLost || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
+
+// errClientConnLost is the text of x/net's error for a connection that
+// died with streams in flight (unexported there).
+const errClientConnLost = "http2: client connection lost"
 
 // errClientConnUnusable is the text of x/net's error for a request refused
 // before it was sent because the connection takes no new streams (after a
