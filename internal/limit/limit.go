@@ -105,6 +105,9 @@ type Limiter struct {
 	refusingUntil atomic.Int64
 	refusals      atomic.Int64 // Allow said no
 	penalties     atomic.Int64 // a failure opened a refusal window
+	// tracked mirrors len(entries), so that Succeed, called on every good
+	// credential, takes no lock while no address has failed.
+	tracked atomic.Int64
 
 	mu      sync.Mutex // guards the fields below
 	entries map[netip.Prefix]*entry
@@ -198,6 +201,9 @@ func (l *Limiter) Fail(ip netip.Addr) {
 // client holding one valid credential cannot wash away its failures with
 // it.
 func (l *Limiter) Succeed(ip netip.Addr) {
+	if l.tracked.Load() == 0 {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := Key(ip)
@@ -234,12 +240,14 @@ func (l *Limiter) entryLocked(k netip.Prefix, now time.Time) *entry {
 	e := &entry{key: k} // its first failure starts a series
 	e.elem = l.byAge.PushFront(e)
 	l.entries[k] = e
+	l.tracked.Store(int64(len(l.entries)))
 	return e
 }
 
 func (l *Limiter) removeLocked(e *entry) {
 	l.byAge.Remove(e.elem)
 	delete(l.entries, e.key)
+	l.tracked.Store(int64(len(l.entries)))
 }
 
 // decay halves the next refusal window (one level down) for every Window
