@@ -67,7 +67,7 @@ func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, err
 	}
 	token := userToken(r.Header)
 	sessions := access.TakeSession(r.Header)
-	if token == "" && len(sessions) > 0 {
+	if token == "" && len(sessions) > 0 && !n.cfg.AllowAnonymousUsers {
 		return n.authorizeSession(r, device, sessions)
 	}
 	if token == "" {
