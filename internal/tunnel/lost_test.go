@@ -91,6 +91,14 @@ func TestLostRequestsThatMayNotBeRepeatedFail(t *testing.T) {
 			r, _ := http.NewRequest(http.MethodPost, "http://dev/flaky", io.NopCloser(strings.NewReader("x")))
 			return r
 		}},
+		{"POST whose body could be sent again", func() *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, "http://dev/flaky", strings.NewReader("x"))
+			return r
+		}},
+		{"PATCH", func() *http.Request {
+			r, _ := http.NewRequest(http.MethodPatch, "http://dev/flaky", strings.NewReader("x"))
+			return r
+		}},
 		{"GET with a body that cannot be read again", func() *http.Request {
 			r, _ := http.NewRequest(http.MethodGet, "http://dev/flaky", io.NopCloser(strings.NewReader("x")))
 			return r

@@ -416,8 +416,36 @@ func unsent(err error, req *http.Request) bool {
 		// unusable connection is safe to skip.
 		return errors.Is(err, http2.ErrNoCachedConn)
 	}
-	return errors.Is(err, http2.ErrNoCachedConn) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		err.Error() == errClientConnUnusable // x/net keeps this error unexported
+	if errors.Is(err, http2.ErrNoCachedConn) || err.Error() == errClientConnUnusable { // x/net keeps this error unexported
+		return true
+	}
+	// A closed connection may have closed before the request left or after
+	// the agent took it: only a request that may be repeated is sent again.
+	if !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return false
+	}
+	if !idempotent(req) {
+		return false
+	}
+	if req.GetBody != nil && req.Body != nil && req.Body != http.NoBody {
+		body, berr := req.GetBody()
+		if berr != nil {
+			return false
+		}
+		req.Body = body
+	}
+	return true
+}
+
+// idempotent reports whether req may be sent twice (RFC 9110, section
+// 9.2.2): a safe method, PUT or DELETE, or a request carrying an
+// Idempotency-Key.
+func idempotent(req *http.Request) bool {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
 }
 
 // lostIdempotent reports whether err means that the agent's connection
