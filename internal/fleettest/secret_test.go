@@ -158,30 +158,38 @@ func TestSecretRotationResumes(t *testing.T) {
 	}
 	to := rotationSteps(t, w.buf.String())[0].To
 
-	code, out, stderr := ctl(t.Context(), relays[1], "secret", "status", "-o", "json")
+	// Another relay sees the record as its watch delivers it.
 	var st fleet.SecretStatus
-	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
-		t.Fatalf("status: exit %d, %v, %s", code, err, stderr)
-	}
-	if st.Record == nil || st.Record.Rotation == nil || st.Record.Rotation.To != to || st.Record.Rotation.From != from {
-		t.Fatalf("the interrupted rotation is not recorded: %+v", st.Record)
-	}
+	Eventually(t, 5*time.Second, func() error {
+		code, out, stderr := ctl(t.Context(), relays[1], "secret", "status", "-o", "json")
+		st = fleet.SecretStatus{}
+		if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
+			t.Fatalf("status: exit %d, %v, %s", code, err, stderr)
+		}
+		if st.Record == nil || st.Record.Rotation == nil || st.Record.Rotation.To != to || st.Record.Rotation.From != from {
+			return fmt.Errorf("the interrupted rotation is not recorded: %+v", st.Record)
+		}
+		return nil
+	})
 	if len(st.Relays) != 3 || len(st.Parity.Odd) != 0 {
 		t.Fatalf("status relays %+v, parity %+v", st.Relays, st.Parity)
 	}
 
 	// Another machine, another relay: the same rotation goes on.
-	code, out, stderr = ctl(t.Context(), relays[2], "secret", "rotate", "--poll", "20ms", "--grace", "1h")
+	code, out, stderr := ctl(t.Context(), relays[2], "secret", "rotate", "--poll", "20ms", "--grace", "1h")
 	if code != 0 || !strings.Contains(out, "resuming the rotation from "+from+" to "+to) || !strings.Contains(out, "stays accepted for 1h0m0s") {
 		t.Fatalf("resumed rotate: exit %d\n%s\n%s", code, out, stderr)
 	}
 	waitSecrets(t, relays, "sign with the new secret and keep the old one for its grace", func(s string, acc []string) bool {
 		return s == to && slices.Equal(acc, []string{to, from})
 	})
-	code, out, _ = ctl(t.Context(), relays[0], "secret", "status")
-	if code != 0 || !strings.Contains(out, "signs with "+to) || !strings.Contains(out, "none in progress") || !strings.Contains(out, from+" (until ") {
-		t.Fatalf("status after the rotation:\n%s", out)
-	}
+	Eventually(t, 5*time.Second, func() error {
+		code, out, _ := ctl(t.Context(), relays[0], "secret", "status")
+		if code != 0 || !strings.Contains(out, "signs with "+to) || !strings.Contains(out, "none in progress") || !strings.Contains(out, from+" (until ") {
+			return fmt.Errorf("status after the rotation:\n%s", out)
+		}
+		return nil
+	})
 }
 
 // secretFile writes secrets, one per line in base64, to a new file.
