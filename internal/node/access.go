@@ -55,12 +55,13 @@ func (n *Node) IssueCode(p auth.Principal, device, scope string, ttl time.Durati
 // where the request meets its device (spendCode). A code used for an
 // ordinary request opens a session for the page's other requests.
 func (n *Node) authorizeCode(r *http.Request, device, code string) (*http.Request, error) {
-	if err := n.backoff(r); err != nil {
+	ip, err := n.backoff(r)
+	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
 	g, err := access.Decode(n.secrets.VerifyKeys(secret.PurposeCode), access.CodePrefix, code, now)
-	n.noteAuth(r, err)
+	n.noteAuth(ip, err)
 	if err != nil {
 		return nil, &authError{http.StatusUnauthorized, "the access code is not valid (" + reason(err) + "); ask for a new one"}
 	}
@@ -109,7 +110,8 @@ func (n *Node) sessionCookie(g access.Grant, secure bool) *http.Cookie {
 // would let any site the user visits open one (cross-site websocket
 // hijacking).
 func (n *Node) authorizeSession(r *http.Request, device string, values []string) (*http.Request, error) {
-	if err := n.backoff(r); err != nil {
+	ip, err := n.backoff(r)
+	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
@@ -137,7 +139,7 @@ func (n *Node) authorizeSession(r *http.Request, device string, values []string)
 		n.sessions.Bind(r.Context(), g.TokenID)
 		return r, nil
 	}
-	n.noteAuth(r, refused)
+	n.noteAuth(ip, refused)
 	return nil, &authError{http.StatusUnauthorized, "the session is not valid here (" + reason(refused) + "); open the device with a new access code"}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 
 	"github.com/switchboard-relay/switchboard/internal/access"
@@ -34,11 +35,12 @@ func (n *Node) authorizeAgent(r *http.Request, device string) (string, error) {
 		}
 		return "", &authError{http.StatusUnauthorized, "this relay needs an agent token: create one with 'switchboard ctl tokens create --device " + device + "' and pass it with --token-file"}
 	}
-	if err := n.backoff(r); err != nil {
+	ip, err := n.backoff(r)
+	if err != nil {
 		return "", err
 	}
 	p, err := n.tokens.AuthenticateKind(token, auth.KindAgent)
-	n.noteAuth(r, err)
+	n.noteAuth(ip, err)
 	if err != nil {
 		return "", credentialError(err, "agent")
 	}
@@ -76,11 +78,12 @@ func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, err
 		}
 		return nil, &authError{http.StatusUnauthorized, "this relay needs a user token or an access code: send 'Authorization: Bearer <token>' or '" + UserTokenHeader + ": <token>', or open the URL with ?code=<access code>; an operator creates tokens with 'switchboard ctl tokens create --user NAME'"}
 	}
-	if err := n.backoff(r); err != nil {
+	ip, err := n.backoff(r)
+	if err != nil {
 		return nil, err
 	}
 	p, err := n.tokens.Authenticate(token)
-	n.noteAuth(r, err)
+	n.noteAuth(ip, err)
 	if err != nil {
 		return nil, credentialError(err, "user")
 	}
@@ -92,19 +95,20 @@ func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, err
 }
 
 // backoff refuses (429) a client address that presented too many invalid
-// credentials lately.
-func (n *Node) backoff(r *http.Request) error {
-	return n.authFails.Check(limit.ClientIP(r, nil))
+// credentials lately; it returns the address for noteAuth.
+func (n *Node) backoff(r *http.Request) (netip.Addr, error) {
+	ip := limit.ClientIP(r, nil)
+	return ip, n.authFails.Check(ip)
 }
 
-// noteAuth counts the outcome of checking a presented credential: an
-// invalid one is a failure; a valid one of the wrong kind is not.
-func (n *Node) noteAuth(r *http.Request, err error) {
+// noteAuth counts the outcome of checking a credential presented from ip:
+// an invalid one is a failure; a valid one of the wrong kind is not.
+func (n *Node) noteAuth(ip netip.Addr, err error) {
 	switch {
 	case err == nil:
-		n.authFails.Succeed(limit.ClientIP(r, nil))
+		n.authFails.Succeed(ip)
 	case errors.Is(err, auth.ErrInvalidToken) || errors.Is(err, access.ErrInvalid):
-		n.authFails.Fail(limit.ClientIP(r, nil))
+		n.authFails.Fail(ip)
 	}
 }
 

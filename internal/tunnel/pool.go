@@ -409,55 +409,34 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // unsent reports whether err means that req never reached the agent, so
-// that another session may take it.
+// that another session may take it as it is.
 func unsent(err error, req *http.Request) bool {
 	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
 		// A body already read in part cannot be sent again; only an
 		// unusable connection is safe to skip.
 		return errors.Is(err, http2.ErrNoCachedConn)
 	}
-	if errors.Is(err, http2.ErrNoCachedConn) || err.Error() == errClientConnUnusable { // x/net keeps this error unexported
-		return true
-	}
-	// A closed connection may have closed before the request left or after
-	// the agent took it: only a request that may be repeated is sent again.
-	if !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return false
-	}
-	if !idempotent(req) {
-		return false
-	}
-	if req.GetBody != nil && req.Body != nil && req.Body != http.NoBody {
-		body, berr := req.GetBody()
-		if berr != nil {
-			return false
-		}
-		req.Body = body
-	}
-	return true
-}
-
-// idempotent reports whether req may be sent twice (RFC 9110, section
-// 9.2.2): a safe method, PUT or DELETE, or a request carrying an
-// Idempotency-Key.
-func idempotent(req *http.Request) bool {
-	switch req.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
-		return true
-	}
-	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+	return errors.Is(err, http2.ErrNoCachedConn) || err.Error() == errClientConnUnusable // x/net keeps this error unexported
 }
 
 // lostIdempotent reports whether err means that the agent's connection
-// died with req in flight and no answer, and req may be sent again: an
-// idempotent method, no upgrade, and no body that cannot be had again (RFC
-// 9110, section 9.2.2, lets an intermediary retry such a request). An agent
-// that is moving or dies then costs such requests a retry, not a 502.
+// closed, or was given up, with req in flight and no answer, and req may
+// be sent again: the connection may have died before the request left or
+// after the agent took it, so only a request that may be repeated is (RFC
+// 9110, section 9.2.2): a safe method or one with an Idempotency-Key, no
+// upgrade, and a body that can be had again, which it rewinds. An agent
+// that moves or dies then costs such requests a retry, not a 502.
 func lostIdempotent(err error, req *http.Request) bool {
+	if !(err.Error() == errClientConnLost || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)) {
+		return false
+	}
 	switch req.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 	default:
-		return false
+		if req.Header.Get("Idempotency-Key") == "" {
+			return false
+		}
 	}
 	if req.Header.Get("Upgrade") != "" || req.Context().Err() != nil {
 		return false
@@ -472,8 +451,7 @@ func lostIdempotent(err error, req *http.Request) bool {
 		}
 		req.Body = body
 	}
-	return err.Error() == errClientConnLost || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+	return true
 }
 
 // errClientConnLost is the text of x/net's error for a connection that
