@@ -70,13 +70,21 @@ func TestRollGuards(t *testing.T) {
 	})
 }
 
+// assertNothingHeld checks that every relay's view of the fleet shows no
+// relay draining once the views have caught up with the store: the release
+// is a store write that each relay learns by its watch.
 func assertNothingHeld(t *testing.T, relays []*Relay) {
 	t.Helper()
-	for _, rs := range relays[0].Node.Fleet().Relays() {
-		if rs.Draining {
-			t.Errorf("relay %s was left draining", rs.ID)
+	Eventually(t, 5*time.Second, func() error {
+		for _, r := range relays {
+			for _, rs := range r.Node.Fleet().Relays() {
+				if rs.Draining {
+					return fmt.Errorf("relay %s was left draining (as %s sees it)", rs.ID, r.Node.Fleet().ID())
+				}
+			}
 		}
-	}
+		return nil
+	})
 }
 
 // restarter restarts, as an update step, the relay named by each file that

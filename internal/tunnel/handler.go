@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 
 	"github.com/coder/websocket"
@@ -87,7 +88,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.log().Warn("tunnel handshake failed", "device", device, "err", err)
 			return
 		}
-		h.Pool.Add(conn, device, agentID, instance)
+		h.add(conn, device, agentID, instance)
 	default:
 		textError(w, http.StatusBadRequest, fmt.Sprintf("a tunnel opens with 'Connection: Upgrade' and 'Upgrade: %s', or as a websocket on %s", Protocol, WebSocketPath))
 	}
@@ -99,7 +100,13 @@ func (h *Handler) acceptWebSocket(w http.ResponseWriter, r *http.Request, device
 		return // Accept has answered
 	}
 	conn := websocket.NetConn(context.Background(), c, websocket.MessageBinary)
-	h.Pool.Add(conn, device, agentID, instance)
+	h.add(conn, device, agentID, instance)
+}
+
+func (h *Handler) add(conn net.Conn, device, agentID, instance string) {
+	if _, err := h.Pool.Add(conn, device, agentID, instance); err != nil {
+		h.log().Info("tunnel dropped", "device", device, "instance", instance, "err", err)
+	}
 }
 
 func (h *Handler) log() *slog.Logger {

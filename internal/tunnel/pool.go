@@ -53,6 +53,7 @@ type Session struct {
 	draining atomic.Bool // asked to finish its streams and go (GOAWAY)
 	pool     *Pool
 	done     chan struct{} // closed when the connection has died
+	gone     bool          // taken out of the pool; guarded by pool.mu
 }
 
 // Done is closed when the session's connection has died or been closed.
@@ -128,7 +129,16 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 		return nil, fmt.Errorf("start HTTP/2 on the tunnel: %w", err)
 	}
 	s.cc = cc
+	if testHookStarted != nil {
+		testHookStarted()
+	}
 	p.mu.Lock()
+	if s.gone {
+		// The connection died while HTTP/2 started on it (an agent that
+		// sent garbage at once): it never joins the pool.
+		p.mu.Unlock()
+		return nil, errors.New("the tunnel closed as it opened")
+	}
 	p.devices[device] = append(p.devices[device], s)
 	p.mu.Unlock()
 	p.connects.Add(1)
@@ -142,6 +152,10 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 	return s, nil
 }
 
+// testHookStarted, when set, runs after HTTP/2 has started on a new tunnel
+// and before the session joins the pool.
+var testHookStarted func()
+
 func (p *Pool) changed() {
 	if p.OnChange != nil {
 		p.OnChange()
@@ -153,6 +167,7 @@ func (p *Pool) remove(s *Session) {
 	defer p.changed()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	s.gone = true
 	list := p.devices[s.Device]
 	for i, x := range list {
 		if x == s {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -48,6 +49,38 @@ func TestRequestOverPipe(t *testing.T) {
 	<-s.Done()
 	if pool.Has("dev") {
 		t.Fatal("a closed session stayed in the pool")
+	}
+}
+
+// deadOnArrival is a tunnel connection whose agent is already gone: writes
+// vanish and reads fail, so HTTP/2 dies as it starts.
+type deadOnArrival struct{ net.Conn }
+
+func (deadOnArrival) Read([]byte) (int, error)         { return 0, io.ErrUnexpectedEOF }
+func (deadOnArrival) Write(p []byte) (int, error)      { return len(p), nil }
+func (deadOnArrival) Close() error                     { return nil }
+func (deadOnArrival) SetDeadline(time.Time) error      { return nil }
+func (deadOnArrival) SetReadDeadline(time.Time) error  { return nil }
+func (deadOnArrival) SetWriteDeadline(time.Time) error { return nil }
+
+// TestDeadOnArrivalNeverJoins adds a connection that dies after HTTP/2
+// started on it and before the session joined the pool: it must not stay.
+func TestDeadOnArrivalNeverJoins(t *testing.T) {
+	pool := NewPool(Liveness{}, nil)
+	died := make(chan struct{}, 1)
+	pool.OnChange = func() {
+		select {
+		case died <- struct{}{}:
+		default:
+		}
+	}
+	testHookStarted = func() { <-died }
+	defer func() { testHookStarted = nil }()
+	if _, err := pool.Add(deadOnArrival{}, "dev", "", ""); err == nil {
+		t.Error("a tunnel that died as it opened was added")
+	}
+	if pool.Has("dev") || pool.Sessions() != 0 {
+		t.Fatalf("%d dead sessions stayed in the pool", pool.Sessions())
 	}
 }
 
