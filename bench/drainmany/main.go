@@ -30,6 +30,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 func main() {
@@ -44,11 +45,21 @@ func main() {
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
 	spread := flag.Duration("spread", 5*time.Second, "the drained relay's --drain-spread")
 	md := flag.String("md", "", "also write the result as Markdown to this file")
+	ping := flag.Duration("ping", 400*time.Millisecond, "the tunnels' ping interval (relays and agents)")
+	pingTimeout := flag.Duration("ping-timeout", 800*time.Millisecond, "the tunnels' ping timeout (relays and agents)")
+	flag.StringVar(&profileDir, "profile-dir", "", "write 5 s CPU profiles of both relays, taken as the drain begins, to this directory")
 	flag.Parse()
+	live = tunnel.Liveness{Interval: *ping, Timeout: *pingTimeout}
 	if err := run(*n, *workers, *bin, *spread, *md); err != nil {
 		log.Fatal(err)
 	}
 }
+
+// profileDir, when set, receives the relays' CPU profiles of the drain.
+var profileDir string
+
+// live is the tunnels' liveness, the same for the relays and the agents.
+var live tunnel.Liveness
 
 func run(n, workers int, bin string, spread time.Duration, md string) error {
 	dir, err := os.MkdirTemp("", "switchboard-drainmany-")
@@ -80,7 +91,8 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
 			"--data", r.dir, "--nats", st.ClientURL(), "--advertise", "http://127.0.0.1:"+r.port,
 			"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error",
-			"--max-forward", fmt.Sprint(2*n), "--drain-spread", spread.String())
+			"--max-forward", fmt.Sprint(2*n), "--drain-spread", spread.String(),
+			"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String())
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -123,7 +135,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		if lo >= hi {
 			break
 		}
-		cmd := exec.Command(self, "-agent-worker", first.String(), second.String(), fmt.Sprint(lo), fmt.Sprint(hi))
+		cmd := exec.Command(self, "-agent-worker", first.String(), second.String(), fmt.Sprint(lo), fmt.Sprint(hi), live.Interval.String(), live.Timeout.String())
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -183,14 +195,31 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 			}
 		})
 	}
-	<-time.After(2 * time.Second)
+	metrics := []string{"http://127.0.0.1:" + relays[0].admin + "/metrics", "http://127.0.0.1:" + relays[1].admin + "/metrics"}
+	for range 4 {
+		<-time.After(500 * time.Millisecond)
+		fmt.Fprintf(os.Stderr, "before the drain: tunnels %v on the first relay, %v on the other; %d failed requests\n",
+			benchkit.Gauge(metrics[0], "switchboard_tunnel_sessions"), benchkit.Gauge(metrics[1], "switchboard_tunnel_sessions"), failed.Load())
+	}
+	if profileDir != "" {
+		for i, r := range relays {
+			tok, _ := os.ReadFile(filepath.Join(r.dir, "admin.token"))
+			wg.Go(func() { profile(r.admin, strings.TrimSpace(string(tok)), filepath.Join(profileDir, fmt.Sprintf("relay%d.cpu.pprof", i))) })
+		}
+	}
 	began := time.Now()
+	fmt.Fprintf(os.Stderr, "%s: drain\n", began.Format("15:04:05.0"))
 	if _, err := api.SetRelayDraining(ctx, strings.TrimSpace(string(id0)), true); err != nil {
 		return err
 	}
-	var took time.Duration
+	var took, shown time.Duration
 	err = benchkit.Poll(ctx, 2*time.Minute, 50*time.Millisecond, func() error {
 		k, err := count(strings.TrimSpace(string(id0)))
+		if t := time.Since(began); t-shown >= time.Second {
+			shown = t.Truncate(time.Second)
+			fmt.Fprintf(os.Stderr, "%5.1fs: %d devices still on the drained relay; tunnels %v there, %v on the other; %d failed requests\n",
+				t.Seconds(), k, benchkit.Gauge(metrics[0], "switchboard_tunnel_sessions"), benchkit.Gauge(metrics[1], "switchboard_tunnel_sessions"), failed.Load())
+		}
 		if err == nil && k > 0 {
 			err = fmt.Errorf("%d agents still on the drained relay", k)
 		}
@@ -217,9 +246,11 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 // agentWorker runs the agents of devices [lo, hi) against the two relays,
 // with a backend of its own, until it is killed.
 func agentWorker(args []string) error {
-	if len(args) != 4 {
-		return fmt.Errorf("usage: -agent-worker FIRST SECOND LO HI")
+	if len(args) != 6 {
+		return fmt.Errorf("usage: -agent-worker FIRST SECOND LO HI PING PING-TIMEOUT")
 	}
+	live.Interval, _ = time.ParseDuration(args[4])
+	live.Timeout, _ = time.ParseDuration(args[5])
 	first, _ := url.Parse(args[0])
 	second, _ := url.Parse(args[1])
 	var lo, hi int
@@ -227,9 +258,15 @@ func agentWorker(args []string) error {
 	fmt.Sscan(args[3], &hi)
 	bu, _ := url.Parse(startBackend())
 	ctx := context.Background()
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("DRAINMANY_TRACE") != "" {
+		c := &countingHandler{n: map[string]int{}, trail: map[string][]string{}, since: map[string]time.Time{}}
+		logger = slog.New(c)
+		go c.report(lo)
+	}
 	for i := lo; i < hi; i++ {
 		a, err := agent.New(agent.Config{Relays: []*url.URL{first, second}, Device: fmt.Sprintf("idle-%05d", i), Backend: bu,
-			Protocol: agent.ProtocolNative, Logger: slog.New(slog.DiscardHandler)})
+			Protocol: agent.ProtocolNative, Liveness: live, Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -272,4 +309,91 @@ func startBackend() string {
 	}
 	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
 	return "http://" + ln.Addr().String()
+}
+
+// profile saves a 5 s CPU profile of the relay with the admin listener at
+// port to path.
+func profile(port, token, path string) {
+	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+port+"/debug/pprof/profile?seconds=5", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Printf("profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		log.Printf("profile: %v", err)
+		return
+	}
+	defer f.Close()
+	io.Copy(f, resp.Body)
+}
+
+// countingHandler counts the agents' state changes by message and error,
+// for DRAINMANY_TRACE=1.
+type countingHandler struct {
+	mu    sync.Mutex
+	n     map[string]int
+	trail map[string][]string // device: its events since it was last connected
+	since map[string]time.Time
+}
+
+func (c *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (c *countingHandler) WithAttrs([]slog.Attr) slog.Handler      { return c }
+func (c *countingHandler) WithGroup(string) slog.Handler           { return c }
+func (c *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	k := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "relay" {
+			k += " @" + a.Value.String()
+		}
+		if a.Key == "err" || a.Key == "reason" {
+			e := a.Value.String()
+			if i := strings.LastIndex(e, ": "); i >= 0 {
+				e = e[i+2:]
+			}
+			k += ": " + e
+		}
+		return true
+	})
+	dev := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "device" {
+			dev = a.Value.String()
+		}
+		return true
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[k]++
+	if r.Message == "agent connected" {
+		if t, ok := c.since[dev]; ok && r.Time.Sub(t) > 1500*time.Millisecond {
+			fmt.Fprintf(os.Stderr, "%s away %v: %s\n", dev, r.Time.Sub(t).Round(time.Millisecond), strings.Join(c.trail[dev], " | "))
+		}
+		delete(c.since, dev)
+		delete(c.trail, dev)
+		return nil
+	}
+	if _, ok := c.since[dev]; !ok {
+		c.since[dev] = r.Time
+	}
+	c.trail[dev] = append(c.trail[dev], r.Time.Format("05.000")+" "+k)
+	return nil
+}
+
+func (c *countingHandler) report(worker int) {
+	for range time.Tick(time.Second) {
+		c.mu.Lock()
+		var b strings.Builder
+		for k, v := range c.n {
+			fmt.Fprintf(&b, "  %d× %s\n", v, k)
+		}
+		clear(c.n)
+		c.mu.Unlock()
+		if b.Len() > 0 {
+			fmt.Fprintf(os.Stderr, "%s agents from %d:\n%s", time.Now().Format("15:04:05.0"), worker, b.String())
+		}
+	}
 }

@@ -7,7 +7,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -71,7 +70,7 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	pid := relay.Process.Pid
 	metrics := "http://127.0.0.1:" + admin + "/metrics"
 	base := rssKB(pid)
-	baseHeap, baseStack := gauge(metrics, "go_memstats_heap_inuse_bytes"), gauge(metrics, "go_memstats_stack_inuse_bytes")
+	baseHeap, baseStack := benchkit.Gauge(metrics, "go_memstats_heap_inuse_bytes"), benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes")
 	fmt.Printf("relay pid %d: baseline RSS %.1f MiB\n", pid, float64(base)/1024)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -94,11 +93,11 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	rss := rssKB(pid)
 	fmt.Printf("relay RSS %.1f MiB: %.1f KiB per idle agent (baseline subtracted); relay CPU %.1f%% of one core while idle\n",
 		float64(rss)/1024, float64(rss-base)/float64(n), cpu*100)
-	heap := gauge(metrics, "go_memstats_heap_inuse_bytes") - baseHeap
-	stack := gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
+	heap := benchkit.Gauge(metrics, "go_memstats_heap_inuse_bytes") - baseHeap
+	stack := benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
 	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent\n",
 		heap/1024/float64(n), stack/1024/float64(n))
-	if left := gauge(metrics, "switchboard_tunnel_sessions"); left < float64(n) {
+	if left := benchkit.Gauge(metrics, "switchboard_tunnel_sessions"); left < float64(n) {
 		fmt.Printf("WARNING: only %v of %d tunnels survived the idle period (pings missed on an overloaded machine)\n", left, n)
 	}
 	return nil
@@ -142,27 +141,11 @@ func waitReady(u string) error {
 func waitSessions(metrics string, n int) error {
 	got := 0.0
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if got = gauge(metrics, "switchboard_tunnel_sessions"); got >= float64(n) {
+		if got = benchkit.Gauge(metrics, "switchboard_tunnel_sessions"); got >= float64(n) {
 			return nil
 		}
 	}
 	return fmt.Errorf("only %v of %d tunnels registered", got, n)
-}
-
-func gauge(metrics, name string) float64 {
-	resp, err := http.Get(metrics)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
 }
 
 func rssKB(pid int) int64 {

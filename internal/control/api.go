@@ -16,7 +16,9 @@ const (
 	PathHealthz = "/healthz"
 	PathReadyz  = "/readyz"
 	PathMetrics = "/metrics"
-	PathTokens  = "/api/v1/tokens"
+	// PathDebugProfiles serves Go's runtime profiles (net/http/pprof).
+	PathDebugProfiles = "/debug/pprof/"
+	PathTokens        = "/api/v1/tokens"
 )
 
 // MaxBodyBytes is the largest request body the operator API reads.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -64,7 +65,8 @@ type handler struct {
 }
 
 // NewHandler returns the admin listener's handler: GET /healthz, /readyz and
-// /metrics openly, and the operator API under /api/v1/ for the admin token.
+// /metrics openly, and the operator API under /api/v1/ and Go's profiles
+// under /debug/pprof/ for the admin token.
 func NewHandler(cfg Config) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -85,6 +87,13 @@ func NewHandler(cfg Config) http.Handler {
 	mux.Handle("POST "+PathCodes, h.adminOrUser(h.createCode))
 	h.routeFleet(mux)
 	h.routeAdmin(mux)
+	// Go's profiles, for the admin token only: they show the relay's
+	// internals and a CPU profile costs CPU while it runs.
+	mux.Handle("GET "+PathDebugProfiles, h.admin(pprof.Index))
+	mux.Handle("GET "+PathDebugProfiles+"profile", h.admin(pprof.Profile))
+	mux.Handle("GET "+PathDebugProfiles+"trace", h.admin(pprof.Trace))
+	mux.Handle("GET "+PathDebugProfiles+"symbol", h.admin(pprof.Symbol))
+	mux.Handle("GET "+PathDebugProfiles+"cmdline", h.admin(pprof.Cmdline))
 	return mux
 }
 

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -53,12 +54,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	}, []string{"outcome"})
 	n.registry.MustRegister(failovers, forwards)
 
-	probe := &http.Client{Transport: &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
-		TLSClientConfig:     n.peerTLS.Clone(), // for peers advertised at https:// URLs
-		MaxIdleConnsPerHost: 2,
-		DisableCompression:  true,
-	}}
+	probe := &http.Client{Transport: newProbeTransport(n.peerTLS)}
 	n.probeClient = probe
 	wc := n.cfg.Watchdog
 	wc.Logger = n.log.With("component", routingComponent)
@@ -128,6 +124,45 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr.Logger = n.log
 	n.router = fr
 	return nil
+}
+
+// probeTransport carries the watchdog's probes over one HTTP/2 connection
+// per peer (h2c for http:// peers, by ALPN for https://). A probe that times
+// out resets its stream, not the connection, so a slow peer is not also
+// asked for a new TCP connection on every probe; a peer frozen or gone
+// still misses every probe.
+type probeTransport struct {
+	h2c, tls *http.Transport
+}
+
+func newProbeTransport(peerTLS *tls.Config) *probeTransport {
+	t := func(p func(*http.Protocols)) *http.Transport {
+		tr := &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+			TLSClientConfig:     peerTLS.Clone(), // for peers advertised at https:// URLs
+			MaxIdleConnsPerHost: 2,
+			DisableCompression:  true,
+			Protocols:           new(http.Protocols),
+		}
+		p(tr.Protocols)
+		return tr
+	}
+	return &probeTransport{
+		h2c: t(func(p *http.Protocols) { p.SetUnencryptedHTTP2(true) }),
+		tls: t(func(p *http.Protocols) { p.SetHTTP2(true); p.SetHTTP1(true) }),
+	}
+}
+
+func (t *probeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Scheme == "https" {
+		return t.tls.RoundTrip(r)
+	}
+	return t.h2c.RoundTrip(r)
+}
+
+func (t *probeTransport) CloseIdleConnections() {
+	t.h2c.CloseIdleConnections()
+	t.tls.CloseIdleConnections()
 }
 
 // watchedPeers are the other relays that beat within the lost window.

@@ -1,14 +1,18 @@
 // Package benchkit holds what the benchmark harnesses share: building the
-// switchboard binary, free loopback ports, and polling with a deadline.
+// switchboard binary, free loopback ports, and polling with a deadline, reading a metric.
 package benchkit
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"log"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -50,4 +54,22 @@ func Poll(ctx context.Context, within, interval time.Duration, f func() error) e
 		case <-time.After(interval):
 		}
 	}
+}
+
+// Gauge returns the value of the unlabelled metric name on the Prometheus
+// page at metrics, or 0 when it cannot be read.
+func Gauge(metrics, name string) float64 {
+	resp, err := http.Get(metrics)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
 }
