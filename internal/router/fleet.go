@@ -125,6 +125,7 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	exclude := ""
 	ticket, carry := access.TicketFrom(req.Context())
 	spend := carry && f.Spend != nil
+	retried := false
 	for attempt := 0; attempt < 4; attempt++ {
 		if f.HasAgent(device) {
 			if spend {
@@ -163,6 +164,13 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := f.forward(req, device, t, next, tk)
 		if f.OnForward != nil {
 			f.OnForward(t.ID, err)
+		}
+		if err != nil && !retried && unestablished(err) && replayable(req) {
+			// A new connection to the holder died before it carried the
+			// request: nothing was sent, and the holder may be fine (one
+			// busy taking a drain's agents). Try once more.
+			retried = true
+			continue
 		}
 		if err == nil || !unreachable(err) || !replayable(req) {
 			return resp, err
@@ -250,6 +258,13 @@ func (e *forwardError) Unwrap() error { return e.err }
 
 // HTTPStatus makes a failed forward a 502 for the user.
 func (e *forwardError) HTTPStatus() int { return http.StatusBadGateway }
+
+// unestablished reports whether err says that the HTTP/2 connection made
+// for a forward closed before its first request went out (net/http's
+// unexported errClientConnNotEstablished): the request was not sent.
+func unestablished(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "http2: client conn could not be established")
+}
 
 // unreachable reports whether err means the request never reached the peer:
 // refused, reset or unroutable at connect time.
