@@ -204,7 +204,9 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	if profileDir != "" {
 		for i, r := range relays {
 			tok, _ := os.ReadFile(filepath.Join(r.dir, "admin.token"))
-			wg.Go(func() { profile(r.admin, strings.TrimSpace(string(tok)), filepath.Join(profileDir, fmt.Sprintf("relay%d.cpu.pprof", i))) })
+			wg.Go(func() {
+				profile(r.admin, strings.TrimSpace(string(tok)), filepath.Join(profileDir, fmt.Sprintf("relay%d.cpu.pprof", i)))
+			})
 		}
 	}
 	began := time.Now()
@@ -341,8 +343,8 @@ type countingHandler struct {
 }
 
 func (c *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (c *countingHandler) WithAttrs([]slog.Attr) slog.Handler      { return c }
-func (c *countingHandler) WithGroup(string) slog.Handler           { return c }
+func (c *countingHandler) WithAttrs([]slog.Attr) slog.Handler       { return c }
+func (c *countingHandler) WithGroup(string) slog.Handler            { return c }
 func (c *countingHandler) Handle(_ context.Context, r slog.Record) error {
 	k := r.Message
 	r.Attrs(func(a slog.Attr) bool {
