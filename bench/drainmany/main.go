@@ -205,7 +205,10 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		for i, r := range relays {
 			tok, _ := os.ReadFile(filepath.Join(r.dir, "admin.token"))
 			wg.Go(func() {
-				profile(r.admin, strings.TrimSpace(string(tok)), filepath.Join(profileDir, fmt.Sprintf("relay%d.cpu.pprof", i)))
+				path := filepath.Join(profileDir, fmt.Sprintf("relay%d.cpu.pprof", i))
+				if err := benchkit.SaveProfile("http://127.0.0.1:"+r.admin+"/debug/pprof/profile?seconds=5", strings.TrimSpace(string(tok)), path); err != nil {
+					log.Printf("profile: %v", err)
+				}
 			})
 		}
 	}
@@ -311,26 +314,6 @@ func startBackend() string {
 	}
 	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
 	return "http://" + ln.Addr().String()
-}
-
-// profile saves a 5 s CPU profile of the relay with the admin listener at
-// port to path.
-func profile(port, token, path string) {
-	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+port+"/debug/pprof/profile?seconds=5", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		log.Printf("profile: %v", err)
-		return
-	}
-	defer resp.Body.Close()
-	f, err := os.Create(path)
-	if err != nil {
-		log.Printf("profile: %v", err)
-		return
-	}
-	defer f.Close()
-	io.Copy(f, resp.Body)
 }
 
 // countingHandler counts the agents' state changes by message and error,

@@ -33,11 +33,15 @@ func main() {
 	settle := flag.Duration("settle", 10*time.Second, "how long the agents stay idle before measuring")
 	ping := flag.Duration("ping", 400*time.Millisecond, "the tunnels' ping interval (relay and agents); the timeout is 2.5×")
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
+	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period, to this file")
 	flag.Parse()
 	if err := run(*agents, *settle, *ping, *bin); err != nil {
 		log.Fatal(err)
 	}
 }
+
+// heapProfile, when set, receives the relay's heap profile.
+var heapProfile string
 
 func run(n int, settle, ping time.Duration, bin string) error {
 	live := tunnel.Liveness{Interval: ping, Timeout: ping * 5 / 2}
@@ -97,6 +101,12 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	stack := benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
 	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent\n",
 		heap/1024/float64(n), stack/1024/float64(n))
+	if heapProfile != "" {
+		token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
+		if err := benchkit.SaveProfile("http://127.0.0.1:"+admin+"/debug/pprof/heap", strings.TrimSpace(string(token)), heapProfile); err != nil {
+			return err
+		}
+	}
 	if left := benchkit.Gauge(metrics, "switchboard_tunnel_sessions"); left < float64(n) {
 		fmt.Printf("WARNING: only %v of %d tunnels survived the idle period (pings missed on an overloaded machine)\n", left, n)
 	}

@@ -24,9 +24,9 @@ type attachResult struct {
 
 // attach records that relayID holds device. attached_at changes only when
 // the device moves to another relay (or had no entry).
-func attach(ctx context.Context, kv jetstream.KeyValue, relayID, device string, p Presence) (attachResult, error) {
+func attach(ctx context.Context, kv jetstream.KeyValue, relayID, device string, p Presence, hint *record[Attachment]) (attachResult, error) {
 	var res attachResult
-	entry, err := update(ctx, kv, deviceKey(device), func(cur Attachment, found bool) (Attachment, bool, error) {
+	entry, err := updateFrom(ctx, kv, deviceKey(device), hint, func(cur Attachment, found bool) (Attachment, bool, error) {
 		res = attachResult{written: true}
 		t := now()
 		switch {
@@ -55,9 +55,9 @@ func attach(ctx context.Context, kv jetstream.KeyValue, relayID, device string, 
 // detach records that relayID no longer has agents for device. It is
 // honoured only while the device is still recorded on relayID; the entry
 // keeps its relay, so that the device returns there (stickiness).
-func detach(ctx context.Context, kv jetstream.KeyValue, relayID, device string) (bool, error) {
+func detach(ctx context.Context, kv jetstream.KeyValue, relayID, device string, hint *record[Attachment]) (bool, error) {
 	var done bool
-	_, err := update(ctx, kv, deviceKey(device), func(cur Attachment, found bool) (Attachment, bool, error) {
+	_, err := updateFrom(ctx, kv, deviceKey(device), hint, func(cur Attachment, found bool) (Attachment, bool, error) {
 		done = found && cur.RelayID == relayID && cur.Agents > 0
 		if !done {
 			return cur, false, nil

@@ -455,7 +455,7 @@ func TestDirectory(t *testing.T) {
 	}
 	// a's later detach is not honoured: the device is recorded on b now.
 	a.m.Changed()
-	if done, err := detach(testContext(t), a.m.devsKV, a.m.ID(), "robot-1"); err != nil || done {
+	if done, err := detach(testContext(t), a.m.devsKV, a.m.ID(), "robot-1", nil); err != nil || done {
 		t.Errorf("detach by the old relay = %v, %v; want ignored", done, err)
 	}
 

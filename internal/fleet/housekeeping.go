@@ -108,7 +108,7 @@ func (m *Member) detachLost(ctx context.Context, r Relay, devices []string, age 
 	n := 0
 	for _, dev := range devices {
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
-		done, err := detach(octx, m.devsKV, r.ID, dev)
+		done, err := detach(octx, m.devsKV, r.ID, dev, m.devices.record(deviceKey(dev)))
 		cancel()
 		if err == nil && done {
 			n++

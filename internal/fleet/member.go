@@ -418,7 +418,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			octx, cancel := context.WithTimeout(ctx, opTimeout)
-			done, err := detach(octx, m.devsKV, m.cfg.RelayID, dev)
+			done, err := detach(octx, m.devsKV, m.cfg.RelayID, dev, m.devices.record(deviceKey(dev)))
 			cancel()
 			results <- result{dev: dev, done: done, err: err}
 		})
@@ -452,7 +452,7 @@ const reconcileParallel = 32
 func (m *Member) attach(ctx context.Context, dev string, p Presence) (written time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	res, err := attach(ctx, m.devsKV, m.cfg.RelayID, dev, p)
+	res, err := attach(ctx, m.devsKV, m.cfg.RelayID, dev, p, m.devices.record(deviceKey(dev)))
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -39,15 +39,16 @@ type mirror[T any] struct {
 
 	mu     sync.RWMutex
 	items  map[string]T
-	synced bool // a full read has completed at least once
-	loads  int  // how many full reads completed
+	revs   map[string]uint64 // each item's revision
+	synced bool              // a full read has completed at least once
+	loads  int               // how many full reads completed
 }
 
 func newMirror[T any](kv jetstream.KeyValue, log *slog.Logger, onChange func()) *mirror[T] {
 	if onChange == nil {
 		onChange = func() {}
 	}
-	return &mirror[T]{kv: kv, log: log, onChange: onChange, resync: make(chan struct{}, 1), items: map[string]T{}}
+	return &mirror[T]{kv: kv, log: log, onChange: onChange, resync: make(chan struct{}, 1), items: map[string]T{}, revs: map[string]uint64{}}
 }
 
 // Resync asks the mirror to read the whole bucket again.
@@ -101,7 +102,7 @@ func (m *mirror[T]) watchOnce(ctx context.Context) error {
 		for range w.Updates() { // let the delivery goroutine finish
 		}
 	}()
-	fresh := map[string]T{}
+	fresh, freshRevs := map[string]T{}, map[string]uint64{}
 	loading := true
 	for {
 		select {
@@ -117,7 +118,7 @@ func (m *mirror[T]) watchOnce(ctx context.Context) error {
 			case e == nil && loading:
 				loading = false
 				m.mu.Lock()
-				m.items, m.synced = fresh, true
+				m.items, m.revs, m.synced = fresh, freshRevs, true
 				m.loads++
 				if m.onReload != nil {
 					m.onReload(fresh)
@@ -126,11 +127,11 @@ func (m *mirror[T]) watchOnce(ctx context.Context) error {
 				m.onChange()
 			case e == nil:
 			case loading:
-				m.decodeInto(fresh, e)
+				m.decodeInto(fresh, freshRevs, e)
 			default:
 				m.mu.Lock()
 				old, had := m.items[e.Key()]
-				m.decodeInto(m.items, e)
+				m.decodeInto(m.items, m.revs, e)
 				if m.onApply != nil {
 					nw, has := m.items[e.Key()]
 					m.onApply(ptrIf(old, had), ptrIf(nw, has))
@@ -142,19 +143,22 @@ func (m *mirror[T]) watchOnce(ctx context.Context) error {
 	}
 }
 
-// decodeInto applies the entry e to items.
-func (m *mirror[T]) decodeInto(items map[string]T, e jetstream.KeyValueEntry) {
+// decodeInto applies the entry e to items and revs.
+func (m *mirror[T]) decodeInto(items map[string]T, revs map[string]uint64, e jetstream.KeyValueEntry) {
 	if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
 		delete(items, e.Key())
+		delete(revs, e.Key())
 		return
 	}
 	var v T
 	if err := json.Unmarshal(e.Value(), &v); err != nil {
 		m.log.Warn("ignoring a malformed record", "bucket", m.kv.Bucket(), "key", e.Key(), "error", err)
 		delete(items, e.Key())
+		delete(revs, e.Key())
 		return
 	}
 	items[e.Key()] = v
+	revs[e.Key()] = e.Revision()
 }
 
 func ptrIf[T any](v T, ok bool) *T {
@@ -170,6 +174,15 @@ func (m *mirror[T]) get(key string) (T, bool) {
 	defer m.mu.RUnlock()
 	v, ok := m.items[key]
 	return v, ok
+}
+
+// record returns the item under key with its revision, as a starting
+// point for a compare-and-set (updateFrom); a key the mirror does not hold
+// gives revision 0.
+func (m *mirror[T]) record(key string) *record[T] {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return &record[T]{val: m.items[key], rev: m.revs[key]}
 }
 
 // all returns a copy of every item.

@@ -157,3 +157,22 @@ func TestLostIdempotent(t *testing.T) {
 		}
 	}
 }
+
+// TestUnsent checks which failures mean that a request without a body
+// never left, so that it moves to another session as it is.
+func TestUnsent(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"GOAWAY before the request", errors.New(errClientConnUnusable), true},
+		{"a tunnel that died as it opened", errors.New(errClientConnNotEstablished), true},
+		{"the connection lost with the request in flight", errors.New(errClientConnLost), false},
+		{"a reset", syscall.ECONNRESET, false},
+	} {
+		if got := unsent(c.err, httptest.NewRequest(http.MethodPost, "http://dev/", nil)); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -431,7 +431,8 @@ func unsent(err error, req *http.Request) bool {
 		// unusable connection is safe to skip.
 		return errors.Is(err, http2.ErrNoCachedConn)
 	}
-	return errors.Is(err, http2.ErrNoCachedConn) || err.Error() == errClientConnUnusable // x/net keeps this error unexported
+	// x/net keeps these errors unexported.
+	return errors.Is(err, http2.ErrNoCachedConn) || err.Error() == errClientConnUnusable || err.Error() == errClientConnNotEstablished
 }
 
 // lostIdempotent reports whether err means that the agent's connection
@@ -477,6 +478,11 @@ const errClientConnLost = "http2: client connection lost"
 // before it was sent because the connection takes no new streams (after a
 // GOAWAY): safe to send on another session.
 const errClientConnUnusable = "http2: client conn not usable"
+
+// errClientConnNotEstablished is the text of x/net's error for the first
+// request of a connection that closed before the request was sent (a
+// tunnel that died as it opened): safe to send on another session.
+const errClientConnNotEstablished = "http2: client conn could not be established"
 
 // countedBody counts a request as in flight until its response body closes.
 type countedBody struct {

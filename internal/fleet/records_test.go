@@ -1,0 +1,81 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/store"
+)
+
+// countingKV counts the reads of a bucket.
+type countingKV struct {
+	jetstream.KeyValue
+	gets int
+}
+
+func (c *countingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	c.gets++
+	return c.KeyValue.Get(ctx, key)
+}
+
+type counter struct{ N int }
+
+// TestUpdateFromHint: a current copy saves the read; a stale one costs a
+// read and still gives the right record, also when the copy says there is
+// nothing to write.
+func TestUpdateFromHint(t *testing.T) {
+	ctx := testContext(t)
+	st, err := store.Open(ctx, store.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	raw, err := st.JetStream().CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "hints"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := &countingKV{KeyValue: raw}
+	// set makes the record N = n, writing only when it differs.
+	set := func(n int) func(counter, bool) (counter, bool, error) {
+		return func(cur counter, _ bool) (counter, bool, error) {
+			return counter{N: n}, cur.N != n, nil
+		}
+	}
+	current := func() *record[counter] {
+		e, err := raw.Get(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c counter
+		json.Unmarshal(e.Value(), &c)
+		return &record[counter]{val: c, rev: e.Revision()}
+	}
+
+	steps := []struct {
+		name    string
+		hint    func() *record[counter]
+		n, gets int
+	}{
+		{"no record, and the copy knows", func() *record[counter] { return &record[counter]{} }, 1, 0},
+		{"a current copy", current, 2, 0},
+		{"a stale copy", func() *record[counter] { h := current(); h.rev--; return h }, 3, 1},
+		{"a stale copy that sees nothing to write", func() *record[counter] { h := current(); h.val.N = 4; h.rev--; return h }, 4, 1},
+		{"no copy", func() *record[counter] { return nil }, 5, 1},
+	}
+	for _, s := range steps {
+		kv.gets = 0
+		got, err := updateFrom(ctx, kv, "k", s.hint(), set(s.n))
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got.N != s.n || current().val.N != s.n {
+			t.Errorf("%s: returned %d, stored %d, want %d", s.name, got.N, current().val.N, s.n)
+		}
+		if kv.gets != s.gets {
+			t.Errorf("%s: %d reads, want %d", s.name, kv.gets, s.gets)
+		}
+	}
+}
