@@ -127,6 +127,14 @@ func (n *Node) NATSURL() string { return n.store.ClientURL() }
 // Config returns the node's completed configuration.
 func (n *Node) Config() Config { return n.cfg }
 
+// movable reports whether a relay other than this one would take device's
+// agent now: one that is fresh, healthy, not draining and not vetoed by
+// this relay's watchdog.
+func (n *Node) movable(device string) bool {
+	t, ok := n.member.Holder(device, n.cfg.Region, n.placeVetoed, "")
+	return ok && !t.Self
+}
+
 // cancelDevice drops the sessions of device on this relay. An operator's
 // cancel cuts everything, requests in flight included. A device that moved
 // to another relay (split affinity) loses its tunnels that still take
@@ -148,7 +156,9 @@ func (n *Node) cancelDevice(device, reason string, moved bool) {
 
 // onShouldDrain reacts to an operator's drain of this relay: its native
 // agents are asked to go, spread over DrainSpread, and are placed on other
-// relays as they reconnect; streams in flight finish first. Long-poll
+// relays as they reconnect; streams in flight finish first. An agent whose
+// device no other relay would take now (this relay's watchdog vetoes the
+// rest) stays until one would. Long-poll
 // agents move by themselves: their next polls go to the device's new
 // holder. An undrain moves nothing back.
 func (n *Node) onShouldDrain(draining bool) {
@@ -156,6 +166,6 @@ func (n *Node) onShouldDrain(draining bool) {
 		n.tunnels.StopDraining()
 		return
 	}
-	k := n.tunnels.DrainSessions(n.cfg.DrainSpread)
+	k := n.tunnels.DrainSessions(n.cfg.DrainSpread, n.movable)
 	n.log.Info("moving this relay's native agents to other relays", "tunnels", k, "spread", n.cfg.DrainSpread)
 }

@@ -321,7 +321,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok {
 		spread = min(spread, time.Until(d)/3)
 	}
-	agents := n.tunnels.DrainSessions(spread)
+	agents := n.tunnels.DrainSessions(spread, nil) // the relay goes away whoever takes its agents
 	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout, "native_agents", agents, "spread", spread)
 	n.broker.Drain()
 	// Long-poll agents post every response chunk as a new request to the

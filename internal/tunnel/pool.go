@@ -92,6 +92,7 @@ type Pool struct {
 	connects atomic.Int64 // sessions ever added
 	busy     atomic.Int64 // requests refused with a BusyError
 	drainFor atomic.Int64 // while > 0, the window in which new sessions are sent on too
+	movable  atomic.Pointer[func(device string) bool]
 
 	mu      sync.Mutex // guards the fields below
 	devices map[string][]*Session
@@ -145,7 +146,7 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 	if w := time.Duration(p.drainFor.Load()); w > 0 {
 		// The relay drains: an agent it had to take anyway (no other relay
 		// would) is sent on again later, when another may.
-		time.AfterFunc(w/2+rand.N(w/2+1), s.drain)
+		p.drainLater(s, w/2+rand.N(w/2+1))
 	}
 	p.changed()
 	p.log.Debug("tunnel connected", "device", device, "instance", instance)
@@ -289,9 +290,16 @@ func (p *Pool) Ready(device string) bool {
 // DrainSessions asks every session to finish its streams and go (HTTP/2
 // GOAWAY), each at a random moment within window, so that the agents
 // reconnect elsewhere spread out rather than all at once. It returns at
-// once; sessions that join later are not drained.
-func (p *Pool) DrainSessions(window time.Duration) int {
+// once; sessions that join while the pool drains are sent on later too.
+//
+// movable, when not nil, is asked at each session's moment whether another
+// relay would take the device's agent now; while it says no, the session
+// stays and is asked about again later, so that a relay that drains does
+// not send its agents to a sibling it sees failing (they would come back
+// at once, all together) and then take them again. Nil sends every session.
+func (p *Pool) DrainSessions(window time.Duration, movable func(device string) bool) int {
 	p.drainFor.Store(int64(max(window, time.Second)))
+	p.movable.Store(&movable)
 	p.mu.Lock()
 	var all []*Session
 	for _, l := range p.devices {
@@ -303,13 +311,34 @@ func (p *Pool) DrainSessions(window time.Duration) int {
 		if window > 0 {
 			delay = rand.N(window)
 		}
-		time.AfterFunc(delay, func() { s.drain() })
+		p.drainLater(s, delay)
 	}
 	return len(all)
 }
 
-// StopDraining ends DrainSessions' effect on sessions that join from now on.
+// StopDraining ends DrainSessions: sessions not sent on yet stay.
 func (p *Pool) StopDraining() { p.drainFor.Store(0) }
+
+// drainLater drains s after delay, if the pool still drains then and the
+// device may move; else, while the pool drains, it asks again later.
+func (p *Pool) drainLater(s *Session, delay time.Duration) {
+	time.AfterFunc(delay, func() {
+		w := time.Duration(p.drainFor.Load())
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		if w == 0 {
+			return
+		}
+		if mv := p.movable.Load(); mv != nil && *mv != nil && !(*mv)(s.Device) {
+			p.drainLater(s, w/2+rand.N(w/2+1))
+			return
+		}
+		s.drain()
+	})
+}
 
 // drain sends the session's agent a GOAWAY: streams in flight finish, then
 // the connection closes.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,3 +139,76 @@ func TestUpgradeOverTunnel(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestDrainWaitsUntilMovable: while no other relay would take the device,
+// a draining pool keeps its session and asks again later; once one would,
+// the session is sent on.
+func TestDrainWaitsUntilMovable(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := NewPool(Liveness{}, nil)
+	defer pool.Close()
+	add := func(device string) (*Session, chan struct{}) {
+		relayEnd, agentEnd := net.Pipe()
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			Serve(ctx, agentEnd, hello, Liveness{})
+		}()
+		s, err := pool.Add(relayEnd, device, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, served
+	}
+	stays, stayServed := add("stays")
+	moves, moveServed := add("moves")
+
+	var mu sync.Mutex
+	asked := map[string]int{}
+	may := false
+	pool.DrainSessions(time.Second, func(device string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		asked[device]++
+		return may && device == "moves"
+	})
+	count := func(device string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return asked[device]
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for count("moves") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the drain never asked twice whether the device may move")
+		}
+		time.Sleep(10 * time.Millisecond) // polling, with the deadline above
+	}
+	select {
+	case <-moves.Done():
+		t.Fatal("a session was sent on while no other relay would take it")
+	default:
+	}
+	mu.Lock()
+	may = true
+	mu.Unlock()
+	select {
+	case <-moves.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session was not sent on once another relay would take it")
+	}
+	<-moveServed
+	pool.StopDraining()
+	select {
+	case <-stays.Done():
+		t.Fatal("the session whose device may not move was sent on")
+	default:
+	}
+	if !pool.Has("stays") {
+		t.Fatal("the session that stays left the pool")
+	}
+	cancel()
+	<-stayServed
+	<-stays.Done()
+}
