@@ -133,6 +133,28 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// TestProfilesNeedTheAdminToken: Go's profiles are served to the admin
+// token only.
+func TestProfilesNeedTheAdminToken(t *testing.T) {
+	f := newFixture(t)
+	user, _, err := f.tokens.Create(context.Background(), auth.CreateRequest{Kind: auth.KindUser, Name: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{PathDebugProfiles, PathDebugProfiles + "heap", PathDebugProfiles + "cmdline", PathDebugProfiles + "profile?seconds=1"} {
+		if status, _ := f.call(t, http.MethodGet, path, "", ""); status != http.StatusUnauthorized {
+			t.Errorf("GET %s without a token: %d, want 401", path, status)
+		}
+		if status, _ := f.call(t, http.MethodGet, path, user, ""); status == http.StatusOK {
+			t.Errorf("GET %s with a user token: %d", path, status)
+		}
+	}
+	status, body := f.call(t, http.MethodGet, PathDebugProfiles+"heap?debug=1", f.admin, "")
+	if status != http.StatusOK || !strings.Contains(body, "heap profile") {
+		t.Errorf("GET heap profile with the admin token: %d %.80q", status, body)
+	}
+}
+
 func TestAPIRefusesWithoutAdminToken(t *testing.T) {
 	f := newFixture(t)
 	agent, _, err := f.tokens.Create(context.Background(), auth.CreateRequest{Kind: auth.KindAgent, Devices: []string{"d"}})
