@@ -89,9 +89,9 @@ type Pool struct {
 	// Default DefaultMaxStreams (256).
 	MaxStreams int
 
-	connects atomic.Int64 // sessions ever added
-	busy     atomic.Int64 // requests refused with a BusyError
-	drainFor atomic.Int64 // while > 0, the window in which new sessions are sent on too
+	connects atomic.Int64                             // sessions ever added
+	busy     atomic.Int64                             // requests refused with a BusyError
+	drainFor atomic.Int64                             // while > 0, the window in which new sessions are sent on too
 	movable  atomic.Pointer[func(device string) bool] // DrainSessions' check; see there
 
 	mu      sync.Mutex // guards the fields below
