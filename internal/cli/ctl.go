@@ -214,19 +214,40 @@ func parseWithArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func runTokens(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
+	return runSubcommand(ctx, g, "ctl tokens", args, stdout, stderr, []subcommand{
+		{"create", tokensCreate},
+		{"list", tokensList},
+		{"revoke", tokensRevoke},
+	})
+}
+
+// subcommand is one of a ctl command's commands: run gets the arguments
+// after its name.
+type subcommand struct {
+	name string
+	run  func(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error
+}
+
+// runSubcommand runs the one of subs that args names, for the command cmd
+// ("ctl tokens"), or says which there are.
+func runSubcommand(ctx context.Context, g *ctlGlobals, cmd string, args []string, stdout, stderr io.Writer, subs []subcommand) error {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
+	}
+	choices := names[len(names)-1]
+	if len(names) > 1 {
+		choices = strings.Join(names[:len(names)-1], ", ") + " or " + choices
+	}
 	if len(args) == 0 {
-		return usageErrorf("ctl tokens: no command given; use create, list or revoke")
+		return usageErrorf("%s: no command given; use %s", cmd, choices)
 	}
-	switch args[0] {
-	case "create":
-		return tokensCreate(ctx, g, args[1:], stdout, stderr)
-	case "list":
-		return tokensList(ctx, g, args[1:], stdout, stderr)
-	case "revoke":
-		return tokensRevoke(ctx, g, args[1:], stdout, stderr)
-	default:
-		return usageErrorf("ctl tokens: unknown command %q; use create, list or revoke", args[0])
+	for _, s := range subs {
+		if s.name == args[0] {
+			return s.run(ctx, g, args[1:], stdout, stderr)
+		}
 	}
+	return usageErrorf("%s: unknown command %q; use %s", cmd, args[0], choices)
 }
 
 // deviceList is a repeatable flag whose values may also be comma-separated.

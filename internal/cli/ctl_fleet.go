@@ -60,19 +60,16 @@ func (g *ctlGlobals) explainNotFound(err error, what, list string) error {
 // --- relays ---
 
 func runRelays(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usageErrorf("ctl relays: no command given; use list, drain or undrain")
+	drain := func(draining bool) func(context.Context, *ctlGlobals, []string, io.Writer, io.Writer) error {
+		return func(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
+			return relaysDrain(ctx, g, args, draining, stdout, stderr)
+		}
 	}
-	switch args[0] {
-	case "list":
-		return relaysList(ctx, g, args[1:], stdout, stderr)
-	case "drain":
-		return relaysDrain(ctx, g, args[1:], true, stdout, stderr)
-	case "undrain":
-		return relaysDrain(ctx, g, args[1:], false, stdout, stderr)
-	default:
-		return usageErrorf("ctl relays: unknown command %q; use list, drain or undrain", args[0])
-	}
+	return runSubcommand(ctx, g, "ctl relays", args, stdout, stderr, []subcommand{
+		{"list", relaysList},
+		{"drain", drain(true)},
+		{"undrain", drain(false)},
+	})
 }
 
 func relaysList(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
@@ -190,19 +187,11 @@ func relaysDrain(ctx context.Context, g *ctlGlobals, args []string, draining boo
 // --- devices ---
 
 func runDevices(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usageErrorf("ctl devices: no command given; use list, show or cancel")
-	}
-	switch args[0] {
-	case "list":
-		return devicesList(ctx, g, args[1:], stdout, stderr)
-	case "show":
-		return devicesShow(ctx, g, args[1:], stdout, stderr)
-	case "cancel":
-		return devicesCancel(ctx, g, args[1:], stdout, stderr)
-	default:
-		return usageErrorf("ctl devices: unknown command %q; use list, show or cancel", args[0])
-	}
+	return runSubcommand(ctx, g, "ctl devices", args, stdout, stderr, []subcommand{
+		{"list", devicesList},
+		{"show", devicesShow},
+		{"cancel", devicesCancel},
+	})
 }
 
 func devicesList(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {

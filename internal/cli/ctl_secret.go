@@ -27,17 +27,10 @@ const (
 
 // runSecret runs 'ctl secret': status or rotate.
 func runSecret(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usageErrorf("ctl secret: no command given; use status or rotate")
-	}
-	switch args[0] {
-	case "status":
-		return secretStatus(ctx, g, args[1:], stdout, stderr)
-	case "rotate":
-		return secretRotate(ctx, g, args[1:], stdout, stderr)
-	default:
-		return usageErrorf("ctl secret: unknown command %q; use status or rotate", args[0])
-	}
+	return runSubcommand(ctx, g, "ctl secret", args, stdout, stderr, []subcommand{
+		{"status", secretStatus},
+		{"rotate", secretRotate},
+	})
 }
 
 func secretStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
