@@ -329,24 +329,19 @@ func (c *countingHandler) Enabled(context.Context, slog.Level) bool { return tru
 func (c *countingHandler) WithAttrs([]slog.Attr) slog.Handler       { return c }
 func (c *countingHandler) WithGroup(string) slog.Handler            { return c }
 func (c *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	k := r.Message
+	k, dev := r.Message, ""
 	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "relay" {
+		switch a.Key {
+		case "device":
+			dev = a.Value.String()
+		case "relay":
 			k += " @" + a.Value.String()
-		}
-		if a.Key == "err" || a.Key == "reason" {
+		case "err", "reason":
 			e := a.Value.String()
 			if i := strings.LastIndex(e, ": "); i >= 0 {
 				e = e[i+2:]
 			}
 			k += ": " + e
-		}
-		return true
-	})
-	dev := ""
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "device" {
-			dev = a.Value.String()
 		}
 		return true
 	})
