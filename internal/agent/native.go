@@ -137,9 +137,15 @@ func (a *Agent) nativeHandler() http.Handler {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			a.rewriteToBackend(pr.Out, pr.In)
 		},
-		Transport:     a.backend.Transport,
-		FlushInterval: -1,
-		BufferPool:    bufferPool{},
+		Transport: a.backend.Transport,
+		// No FlushInterval: ReverseProxy flushes every write of a body of
+		// unknown length (chunked, gRPC, server-sent events) on its own,
+		// and a body whose length is known goes out as it fills the
+		// stream's buffer and at its end. Flushing every write of those
+		// too cost a frame write and a hand-over to the connection's
+		// writer per response for nothing: the relay's own proxy buffers
+		// them the same way on the user's side.
+		BufferPool: bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the user went away

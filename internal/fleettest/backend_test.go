@@ -61,9 +61,15 @@ func (b *testBackend) echo(w http.ResponseWriter, r *http.Request) {
 }
 
 // sse sends three events, each only after the test let it go, so that the
-// test proves every event reaches the user before the next one exists.
+// test proves every event reaches the user before the next one exists. The
+// query's type, if set, replaces the event-stream Content-Type: a plain
+// chunked stream (kubectl logs -f) must flow the same way.
 func (b *testBackend) sse(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/event-stream")
+	ct := "text/event-stream"
+	if t := r.URL.Query().Get("type"); t != "" {
+		ct = t
+	}
+	w.Header().Set("Content-Type", ct)
 	w.WriteHeader(http.StatusOK)
 	w.(http.Flusher).Flush()
 	for i := 1; i <= 3; i++ {

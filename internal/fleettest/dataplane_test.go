@@ -150,21 +150,24 @@ func TestChunkedUpload(t *testing.T) {
 func TestStreamedResponse(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, proto string) {
 		r, b, user := setup(t, proto)
-		resp := do(t, http.MethodGet, r.URL+"/client/dev/sse", user, nil)
-		if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
-			t.Fatalf("Content-Type = %q", ct)
-		}
-		rd := bufio.NewReader(resp.Body)
-		for i := 1; i <= 3; i++ {
-			b.sseGo <- struct{}{} // the backend writes event i only now
-			line, err := rd.ReadString('\n')
-			if err != nil {
-				t.Fatalf("event %d: %v", i, err)
+		for _, ct := range []string{"text/event-stream", "text/plain"} {
+			resp := do(t, http.MethodGet, r.URL+"/client/dev/sse?type="+ct, user, nil)
+			if got := resp.Header.Get("Content-Type"); got != ct {
+				t.Fatalf("Content-Type = %q, want %q", got, ct)
 			}
-			if want := "data: event " + string(rune('0'+i)) + "\n"; line != want {
-				t.Fatalf("event %d: got %q, want %q", i, line, want)
+			rd := bufio.NewReader(resp.Body)
+			for i := 1; i <= 3; i++ {
+				b.sseGo <- struct{}{} // the backend writes event i only now
+				line, err := rd.ReadString('\n')
+				if err != nil {
+					t.Fatalf("%s: event %d: %v", ct, i, err)
+				}
+				if want := "data: event " + string(rune('0'+i)) + "\n"; line != want {
+					t.Fatalf("%s: event %d: got %q, want %q", ct, i, line, want)
+				}
+				rd.ReadString('\n') // the blank line ending the event
 			}
-			rd.ReadString('\n') // the blank line ending the event
+			resp.Body.Close()
 		}
 	})
 }
