@@ -37,9 +37,9 @@ const backendFlag = "serve-backend"
 // until it answers GET /small. With cfg.ProfileDir set, the backend writes
 // its CPU profile to backend.pprof there when it is stopped.
 func startBackend(ctx context.Context, cfg *config, dir string) (*backend, error) {
-	self, err := os.Executable()
+	self, err := selfBinary()
 	if err != nil {
-		return nil, fmt.Errorf("backend: find this binary to run it again: %w", err)
+		return nil, err
 	}
 	addr, err := freePort()
 	if err != nil {
@@ -69,12 +69,15 @@ func (b *backend) Close() { b.p.stop() }
 
 // isBackendMode reports whether args ask for the backend: -serve-backend
 // ADDR (or --serve-backend, or =ADDR) as the first argument.
-func isBackendMode(args []string) bool {
+func isBackendMode(args []string) bool { return isMode(args, backendFlag) }
+
+// isMode reports whether args start with the hidden flag name.
+func isMode(args []string, name string) bool {
 	if len(args) == 0 || !strings.HasPrefix(args[0], "-") {
 		return false
 	}
-	name, _, _ := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
-	return name == backendFlag
+	first, _, _ := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+	return first == name
 }
 
 // serveBackend is the backend process: it serves the benchmark endpoints on
@@ -94,7 +97,7 @@ func serveBackend(ctx context.Context, args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return &usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	if err := checkLoopback(*addr); err != nil {
+	if err := checkLoopback(backendFlag, *addr); err != nil {
 		return &usageError{err}
 	}
 	if *profile != "" {
@@ -123,14 +126,25 @@ func serveBackend(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 }
 
-// checkLoopback accepts host:port addresses on a loopback IP only.
-func checkLoopback(addr string) error {
+// selfBinary is this harness's binary, which serves the backend and the
+// floor's forwarders when run again with their hidden flags.
+func selfBinary() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find this binary to run it again: %w", err)
+	}
+	return self, nil
+}
+
+// checkLoopback accepts host:port addresses on a loopback IP only; flag
+// names the flag that gave addr.
+func checkLoopback(flag, addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("-%s: %w", backendFlag, err)
+		return fmt.Errorf("-%s: %w", flag, err)
 	}
 	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("-%s: %q is not a loopback IP address", backendFlag, host)
+		return fmt.Errorf("-%s: %q is not a loopback IP address", flag, host)
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ var errProtocolRefused = errors.New("the agent refused the protocol")
 type fleet struct {
 	relay, agent *proc
 	relayURL     string // public base URL
+	floor        bool   // two TCP forwarders, not a relay and an agent
 }
 
 // fleetOpts says what startFleet needs to know.
@@ -89,8 +90,14 @@ func (f *fleet) startAgent(ctx context.Context, o fleetOpts) error {
 	return err
 }
 
-// deviceURL is the base URL of the device through the relay.
-func (f *fleet) deviceURL() string { return f.relayURL + "/client/" + device }
+// deviceURL is the base URL of the device through the relay; the floor's
+// forwarders pass paths through unchanged.
+func (f *fleet) deviceURL() string {
+	if f.floor {
+		return f.relayURL
+	}
+	return f.relayURL + "/client/" + device
+}
 
 // stop stops the agent, then the relay.
 func (f *fleet) stop() {

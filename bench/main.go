@@ -63,6 +63,9 @@ func mainErr(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if isBackendMode(args) {
 		return serveBackend(ctx, args, stderr)
 	}
+	if isMode(args, forwardFlag) {
+		return serveForward(ctx, args, stderr)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
@@ -83,7 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var protocols, tests, relayFlags, agentFlags, childEnv string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&protocols, "protocols", "longpoll", "agent `protocols` to measure, comma-separated (e.g. longpoll,native); ones the agent does not know are skipped")
+	fs.StringVar(&protocols, "protocols", "longpoll", "agent `protocols` to measure, comma-separated (e.g. longpoll,native); ones the agent does not know are skipped; \"floor\" measures two plain TCP forwarders instead of a relay and an agent")
 	fs.StringVar(&protocols, "protocol", "longpoll", "alias of -protocols")
 	fs.StringVar(&tests, "tests", strings.Join(testNames(), ","), "`measurements` to run, comma-separated")
 	fs.StringVar(&cfg.Bin, "bin", "", "switchboard `binary` to use; empty builds one with 'go build' into a temp dir")

@@ -101,6 +101,9 @@ func metrics(cfg *config) []metric {
 			}
 			return fmtMS(r.HealthzP50)
 		}, func(relay, direct results) string {
+			if relay.HealthzP50 == 0 {
+				return "—"
+			}
 			return fmtRatio(float64(relay.HealthzP50), float64(direct.Latency.P50))
 		}},
 		rateRow(testRPS, fmt.Sprintf("requests/s, %d connections, %v", cfg.Concurrency, cfg.Duration), "%.0f",
@@ -302,16 +305,20 @@ func (r *report) writeMarkdown(w io.Writer) error {
 	return bw.Flush()
 }
 
-// notes are the lines under the table: skipped protocols, and agents that
-// connected with another protocol than the one asked for.
+// notes are the lines under the table: skipped protocols, agents that
+// connected with another protocol than the one asked for, and what the
+// floor's column is.
 func (r *report) notes() []string {
 	var notes []string
 	for _, s := range r.skipped {
 		notes = append(notes, "Skipped "+s+".")
 	}
 	for _, c := range r.relays {
-		if !slices.Equal(c.res.ProtocolsSeen, []string{c.protocol}) {
+		if c.protocol != floorProtocol && !slices.Equal(c.res.ProtocolsSeen, []string{c.protocol}) {
 			notes = append(notes, fmt.Sprintf("Warning: the %s agent's log shows it connected with %q: that column may not measure %s.", c.protocol, c.res.ProtocolsSeen, c.protocol))
+		}
+		if c.protocol == floorProtocol {
+			notes = append(notes, "The floor column is two plain TCP forwarders in place of the relay and the agent: the same hops, bytes copied in user space, no HTTP (its \"relay\" and \"agent\" rows are the forwarders).")
 		}
 	}
 	return notes

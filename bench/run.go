@@ -111,14 +111,26 @@ func prepareProfileDir(cfg *config) error {
 // measureProtocol starts a relay and an agent speaking protocol, measures
 // through them and stops them. started reports whether both came up.
 func measureProtocol(ctx context.Context, cfg *config, o fleetOpts, logf func(string, ...any)) (res results, started bool, err error) {
-	logf("starting a relay and a %s agent", o.protocol)
-	f, err := startFleet(ctx, o)
+	start := startFleet
+	if o.protocol == floorProtocol {
+		logf("starting two TCP forwarders (the floor)")
+		start = startFloor
+	} else {
+		logf("starting a relay and a %s agent", o.protocol)
+	}
+	f, err := start(ctx, o)
 	if err != nil {
 		return results{}, false, err
 	}
 	defer f.stop()
 	t := target{name: o.protocol, base: f.deviceURL(), relay: f.relay, agent: f.agent, relayURL: f.relayURL, backend: o.backend}
+	if o.protocol == floorProtocol {
+		t.relayURL = "" // a forwarder has no /healthz of its own
+	}
 	res, err = measureAll(ctx, cfg, t, logf)
+	if o.protocol == floorProtocol {
+		return res, true, err
+	}
 	res.ProtocolsSeen = f.protocolsSeen()
 	if err != nil {
 		err = fmt.Errorf("%w\nrelay log:\n%s\nagent log:\n%s\nbackend log:\n%s", err, f.relay.logTail(10), f.agent.logTail(10), o.backend.logTail(10))
