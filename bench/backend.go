@@ -88,14 +88,8 @@ func serveBackend(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	addr := fs.String(backendFlag, "", "serve the backend on this loopback `address` (host:port)")
 	profile := fs.String("cpuprofile", "", "write the backend's CPU profile to `file` when it stops")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return &usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	if err := parseHidden(fs, args); err != nil {
+		return err
 	}
 	if err := checkLoopback(backendFlag, *addr); err != nil {
 		return &usageError{err}
@@ -124,6 +118,21 @@ func serveBackend(ctx context.Context, args []string, stderr io.Writer) error {
 		<-served
 		return nil
 	}
+}
+
+// parseHidden parses the flags of a hidden mode (the backend, a
+// forwarder); a wrong command line is a usage error.
+func parseHidden(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return &usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	return nil
 }
 
 // selfBinary is this harness's binary, which serves the backend and the

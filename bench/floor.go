@@ -68,14 +68,8 @@ func serveForward(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	addr := fs.String(forwardFlag, "", "accept on this loopback `address` (host:port)")
 	to := fs.String("to", "", "forward to this loopback `address` (host:port)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return &usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	if err := parseHidden(fs, args); err != nil {
+		return err
 	}
 	if err := errors.Join(checkLoopback(forwardFlag, *addr), checkLoopback("to", *to)); err != nil {
 		return &usageError{err}
