@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 	"go.uber.org/goleak"
 )
 
@@ -70,17 +71,4 @@ func mustCreate(tb testing.TB, s *Store, req CreateRequest) (string, Token) {
 }
 
 // eventually polls check until it returns nil or the deadline passes.
-func eventually(t *testing.T, within time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %s: %v", within, err)
-		}
-		<-time.After(10 * time.Millisecond)
-	}
-}
+var eventually = testkit.Eventually

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -134,20 +135,7 @@ func (f *testFleet) join(adjust ...func(*Config)) *node {
 func (n *node) kill() { n.m.Abandon() }
 
 // eventually polls check until it returns nil or the deadline passes.
-func eventually(t *testing.T, within time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %s: %v", within, err)
-		}
-		<-time.After(10 * time.Millisecond)
-	}
-}
+var eventually = testkit.Eventually
 
 func relayOf(m *Member, id string) (RelayStatus, error) {
 	for _, r := range m.Relays() {

@@ -22,6 +22,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -219,22 +220,7 @@ func (a *Agent) Err() error { return a.err }
 
 // Eventually calls f until it returns nil, failing the test with f's last
 // error when timeout passes. It polls; it never sleeps blind.
-func Eventually(t testing.TB, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", timeout, err)
-		}
-		<-tick.C
-	}
-}
+var Eventually = testkit.Eventually
 
 func mustParse(t testing.TB, s string) *url.URL {
 	t.Helper()

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -42,20 +44,7 @@ func openStore(t *testing.T, cfg Config) *Store {
 }
 
 // eventually polls check until it returns nil or the deadline passes.
-func eventually(t *testing.T, within time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %s: %v", within, err)
-		}
-		<-time.After(20 * time.Millisecond)
-	}
-}
+var eventually = testkit.Eventually
 
 func TestEmbeddedDataPersistsAcrossReopen(t *testing.T) {
 	ctx := testContext(t)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf/tlstest"
 )
 
@@ -75,23 +76,7 @@ func servedName(addr string, roots *x509.CertPool) (string, error) {
 	return st.PeerCertificates[0].Subject.CommonName, nil
 }
 
-// eventually calls f until it returns nil, failing the test with f's last
-// error when timeout passes.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", timeout, err)
-		}
-		<-tick.C
-	}
-}
+// eventually polls check until it returns nil or the deadline passes.
+var eventually = testkit.Eventually
 
 var errNotYet = errors.New("not yet")
