@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // fakeFleet is a Fleet in memory that records drain requests.
@@ -394,7 +395,7 @@ func TestAdminRefusesExpiredCookie(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminEventually(t, 5*time.Second, func() error {
+	testkit.Eventually(t, 5*time.Second, func() error {
 		resp := adminRequest(t, f.page, http.MethodGet, PathAdmin, nil, withCookie(cookie))
 		if resp.status != http.StatusUnauthorized || !strings.Contains(resp.body, "has expired") {
 			return fmt.Errorf("GET /admin/ with a cookie past its lifetime = %d", resp.status)
@@ -595,23 +596,5 @@ func TestAgo(t *testing.T) {
 		if got := ago(now, tt.t); got != tt.want {
 			t.Errorf("ago(%v) = %q, want %q", now.Sub(tt.t), got, tt.want)
 		}
-	}
-}
-
-// adminEventually polls check until it returns nil or within passes.
-func adminEventually(t *testing.T, within time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %v: %v", within, err)
-		}
-		<-tick.C
 	}
 }
