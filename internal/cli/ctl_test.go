@@ -11,12 +11,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/auth/authtest"
 	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/store"
-	"go.uber.org/goleak"
 )
 
 // ctlFixture is a real admin listener (control handler, token store,
@@ -31,27 +31,7 @@ func newCtlFixture(t *testing.T) *ctlFixture {
 	t.Helper()
 	leaks := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // runs after every other cleanup
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	dir := t.TempDir()
-	st, err := store.Open(ctx, store.Config{DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	kv, err := st.KeyValue(ctx, auth.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := auth.Open(ctx, kv, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tokens.Close() })
-	tokenFile := filepath.Join(dir, "admin.token")
-	if _, err := tokens.EnsureAdminToken(ctx, tokenFile); err != nil {
-		t.Fatal(err)
-	}
+	tokens, tokenFile := authtest.Open(t)
 	srv := httptest.NewServer(control.NewHandler(control.Config{Tokens: tokens}))
 	t.Cleanup(srv.Close)
 	return &ctlFixture{url: srv.URL, tokenFile: tokenFile, tokens: tokens}

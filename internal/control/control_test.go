@@ -8,16 +8,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/switchboard-relay/switchboard/internal/auth"
-	"github.com/switchboard-relay/switchboard/internal/store"
 	"go.uber.org/goleak"
+
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/auth/authtest"
 )
 
 func TestMain(m *testing.M) {
@@ -36,27 +35,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	dir := t.TempDir()
-	st, err := store.Open(ctx, store.Config{DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	kv, err := st.KeyValue(ctx, auth.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := auth.Open(ctx, kv, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tokens.Close() })
-	path := filepath.Join(dir, "admin.token")
-	if _, err := tokens.EnsureAdminToken(ctx, path); err != nil {
-		t.Fatal(err)
-	}
+	tokens, path := authtest.Open(t)
 	f := &fixture{tokens: tokens, admin: readFile(t, path), registry: prometheus.NewRegistry()}
 	f.ready.Store(true)
 	f.srv = httptest.NewServer(NewHandler(Config{
