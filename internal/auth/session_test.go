@@ -41,6 +41,14 @@ func TestSessionHoldsNoSecret(t *testing.T) {
 func TestSessionRefused(t *testing.T) {
 	s := newTokens(t)
 	_, admin := mustCreate(t, s, CreateRequest{Kind: KindAdmin})
+	// The "uppercase id" case needs an id with a letter in it; one in
+	// forty random ids has none.
+	for i := 0; !strings.ContainsAny(admin.ID, "abcdef"); i++ {
+		if i == 100 {
+			t.Fatalf("100 token ids without a letter, the last %q", admin.ID)
+		}
+		_, admin = mustCreate(t, s, CreateRequest{Kind: KindAdmin})
+	}
 	_, other := mustCreate(t, s, CreateRequest{Kind: KindAdmin})
 	now := time.Now()
 	good, err := s.newSession(admin.ID, now.Add(time.Hour))
