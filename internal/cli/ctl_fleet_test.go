@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // runCode runs 'switchboard ctl args…' as the command does and returns its
@@ -389,26 +390,8 @@ func TestCtlEvents(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer that a command writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // waitOutput polls until out holds want, failing the test after 5 s.
-func waitOutput(t *testing.T, out *syncBuffer, want string) {
+func waitOutput(t *testing.T, out *testkit.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -435,7 +418,7 @@ func TestCtlEventsFollow(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runCtl(ctx, []string{"--admin", f.url, "--token-file", f.tokenFile, "-o", "json", "events", "--follow"}, &out, &errOut)
@@ -475,7 +458,7 @@ func TestCtlEventsFollowFromEmptyLog(t *testing.T) {
 	f, ff := fakeFleetFixture(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runCtl(ctx, []string{"--admin", f.url, "--token-file", f.tokenFile, "events", "--follow"}, &out, &errOut)

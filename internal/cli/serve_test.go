@@ -16,13 +16,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/fleettest"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // TestServeProcess builds the switchboard binary once and runs 'switchboard
@@ -47,8 +47,8 @@ func TestServeProcess(t *testing.T) {
 // relayProc is a running 'switchboard serve'.
 type relayProc struct {
 	cmd    *exec.Cmd
-	stdout *lockedBuffer
-	stderr *lockedBuffer
+	stdout *testkit.Buffer
+	stderr *testkit.Buffer
 	exited chan struct{} // closed when the process has exited
 	err    error         // what Wait returned; read after exited
 	addr   string        // public listener
@@ -63,7 +63,7 @@ var banner = regexp.MustCompile(`switchboard relay listening on (\S+) \(admin (\
 func startServe(t *testing.T, bin, dir string, flags ...string) *relayProc {
 	t.Helper()
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data", dir}, flags...)
-	p := &relayProc{cmd: exec.Command(bin, args...), stdout: new(lockedBuffer), stderr: new(lockedBuffer), exited: make(chan struct{})}
+	p := &relayProc{cmd: exec.Command(bin, args...), stdout: new(testkit.Buffer), stderr: new(testkit.Buffer), exited: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -326,7 +326,7 @@ func testTakenPort(t *testing.T, bin string) {
 	}
 	defer ln.Close()
 	cmd := exec.Command(bin, "serve", "--listen", ln.Addr().String(), "--admin-listen", "127.0.0.1:0", "--data", t.TempDir())
-	var stderr lockedBuffer
+	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
 	done := make(chan error, 1)
 	if err := cmd.Start(); err != nil {
@@ -361,23 +361,4 @@ func checkAdminToken(t *testing.T, p *relayProc, token []byte) {
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("admin API with the token file's token: %s %s", resp.Status, b)
 	}
-}
-
-// lockedBuffer is an io.Writer for a process's output that the test reads
-// while the process writes.
-type lockedBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,36 +1,16 @@
 package fleet
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
-
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
 
 // TestNATSRestartWithoutFiles restarts the fleet's NATS server with an empty
 // store: the members keep answering from memory while it is away, then
@@ -44,7 +24,7 @@ func TestNATSRestartWithoutFiles(t *testing.T) {
 	}
 	u, _ := url.Parse(first.ClientURL())
 	f := &testFleet{t: t, urls: []string{first.ClientURL()}, base: fastConfig()}
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	a := f.join(func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
 	b, c := f.join(), f.join()
 	a.local.set("dev-a", Presence{Agents: 1, Protocol: "native"})
@@ -66,7 +46,7 @@ func TestNATSRestartWithoutFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, func() error {
-		if a.m.Status().NATSConnected || logs.count("fleet state unreachable") == 0 {
+		if a.m.Status().NATSConnected || logs.Count("fleet state unreachable") == 0 {
 			return errors.New("a has not noticed the outage yet")
 		}
 		return nil
@@ -108,15 +88,15 @@ func TestNATSRestartWithoutFiles(t *testing.T) {
 	}
 	// One log line per transition, not one per retry.
 	eventually(t, 5*time.Second, func() error {
-		if logs.count("fleet state reachable again") == 0 {
+		if logs.Count("fleet state reachable again") == 0 {
 			return errors.New("no 'reachable again' line yet")
 		}
 		return nil
 	})
-	if n := logs.count("fleet state unreachable"); n != 1 {
+	if n := logs.Count("fleet state unreachable"); n != 1 {
 		t.Errorf("%d 'unreachable' lines, want 1", n)
 	}
-	if n := logs.count("fleet state reachable again"); n != 1 {
+	if n := logs.Count("fleet state reachable again"); n != 1 {
 		t.Errorf("%d 'reachable again' lines, want 1", n)
 	}
 }

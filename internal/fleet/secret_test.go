@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 func TestSecretParity(t *testing.T) {
@@ -333,7 +334,7 @@ func TestSecretFileParity(t *testing.T) {
 	if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(wrong)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	c := f.join(func(cfg *Config) {
 		cfg.SecretFile = path
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
@@ -400,7 +401,7 @@ func TestSecretFileParity(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, func() error {
-		if logs.count("the fleet secret file cannot be used") == 1 {
+		if logs.Count("the fleet secret file cannot be used") == 1 {
 			return nil
 		}
 		return errors.New("the broken file was not reported")

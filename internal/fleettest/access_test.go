@@ -23,6 +23,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/secret"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // issueCode asks r's operator API for a code for device under path, as the
@@ -423,7 +424,7 @@ func TestAuthBackoff(t *testing.T) {
 // logging at debug level, and finds no trace of them in its log or its
 // metrics.
 func TestAccessCodesStayOutOfLogs(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &testkit.Buffer{}
 	r := StartRelay(t, func(c *node.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})

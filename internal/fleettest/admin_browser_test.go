@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
 	"github.com/switchboard-relay/switchboard/internal/control"
 )
 

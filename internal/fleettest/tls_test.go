@@ -1,7 +1,6 @@
 package fleettest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/cli"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // trusting makes an agent verify relays against ca.
@@ -164,31 +163,13 @@ func TestTLSRelay(t *testing.T) {
 	})
 }
 
-// logBuffer collects what a logger writes, safe for concurrent writes.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestTLSAgentWithoutCAFails(t *testing.T) {
 	ca := NewCA(t)
 	r := StartTLSRelay(t, ca)
 	b := newBackend(t, "b1")
 	forEachProtocol(t, func(t *testing.T, proto string) {
 		device := "dev-" + proto
-		logs := &logBuffer{}
+		logs := &testkit.Buffer{}
 		StartAgent(t, r, device, b.URL, r.Token(t, auth.KindAgent, "agent", device), protocol(proto),
 			func(c *agent.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
 		Eventually(t, 10*time.Second, func() error {

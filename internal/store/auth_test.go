@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf/tlstest"
 )
 
@@ -82,7 +83,7 @@ func expectAuthFailed(t *testing.T, url string, creds Credentials, secret string
 
 func TestEmbeddedRequiresUserAndPassword(t *testing.T) {
 	creds := Credentials{User: "relay", PasswordFile: writeFile(t, "password", "s3cret-pw\n")}
-	logs := &logBuffer{}
+	logs := &testkit.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hub := openStore(t, Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Credentials: creds, Logger: logger})
 
@@ -94,7 +95,7 @@ func TestEmbeddedRequiresUserAndPassword(t *testing.T) {
 	expectAuthFailed(t, hub.ClientURL(), Credentials{}, "")
 
 	for _, unwanted := range []string{"s3cret-pw", "wrong-pw", "Plaintext passwords"} {
-		if logs.count(unwanted) != 0 {
+		if logs.Count(unwanted) != 0 {
 			t.Errorf("the logs show %q", unwanted)
 		}
 	}
@@ -325,23 +326,23 @@ func TestReconnectOutlastsRefusedCredentials(t *testing.T) {
 	}
 	url := hub.ClientURL()
 	listen := strings.TrimPrefix(url, "nats://")
-	logs := &logBuffer{}
+	logs := &testkit.Buffer{}
 	openStore(t, Config{URLs: []string{url}, Credentials: creds, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 
 	if err := hub.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, logs.expect("lost connection to NATS", 1))
-	serverLogs := &logBuffer{}
+	eventually(t, 5*time.Second, logged(logs, "lost connection to NATS", 1))
+	serverLogs := &testkit.Buffer{}
 	rotated, err := Open(ctx, Config{DataDir: dir, Listen: listen, Credentials: Credentials{User: "relay", Password: "new-pw"},
 		Logger: slog.New(slog.NewTextHandler(serverLogs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, logs.expect("NATS refuses this relay's credentials", 1))
+	eventually(t, 10*time.Second, logged(logs, "NATS refuses this relay's credentials", 1))
 	// nats.go gives up on a server that refused it twice, unless told not to.
 	eventually(t, 15*time.Second, func() error {
-		if n := serverLogs.count("authentication error"); n < 3 {
+		if n := serverLogs.Count("authentication error"); n < 3 {
 			return fmt.Errorf("the server refused %d attempts, want 3", n)
 		}
 		return nil
@@ -351,11 +352,11 @@ func TestReconnectOutlastsRefusedCredentials(t *testing.T) {
 	}
 
 	openStore(t, Config{DataDir: dir, Listen: listen, Credentials: creds})
-	eventually(t, 10*time.Second, logs.expect("reconnected to NATS", 1))
-	if n := logs.count("NATS refuses this relay's credentials"); n != 1 {
+	eventually(t, 10*time.Second, logged(logs, "reconnected to NATS", 1))
+	if n := logs.Count("NATS refuses this relay's credentials"); n != 1 {
 		t.Errorf("the refusal was logged %d times, want once", n)
 	}
-	if n := logs.count("old-pw"); n != 0 {
+	if n := logs.Count("old-pw"); n != 0 {
 		t.Errorf("the logs show the password")
 	}
 }

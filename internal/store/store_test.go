@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -121,18 +119,18 @@ func TestExternalConnectionLogsDisconnectAndReconnectOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := hub.ClientURL()
-	logs := &logBuffer{}
+	logs := &testkit.Buffer{}
 	openStore(t, Config{URLs: []string{url}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 
 	if err := hub.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, logs.expect("lost connection to NATS", 1))
+	eventually(t, 5*time.Second, logged(logs, "lost connection to NATS", 1))
 
 	listen := strings.TrimPrefix(url, "nats://")
 	openStore(t, Config{DataDir: dir, Listen: listen})
-	eventually(t, 10*time.Second, logs.expect("reconnected to NATS", 1))
-	if n := logs.count("lost connection to NATS"); n != 1 {
+	eventually(t, 10*time.Second, logged(logs, "reconnected to NATS", 1))
+	if n := logs.Count("lost connection to NATS"); n != 1 {
 		t.Errorf("disconnect logged %d times, want once", n)
 	}
 }
@@ -215,27 +213,10 @@ func TestCompleteFillsDefaults(t *testing.T) {
 	}
 }
 
-// logBuffer collects log output from several goroutines.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) count(msg string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), msg)
-}
-
-func (b *logBuffer) expect(msg string, n int) func() error {
+// logged is a check for eventually: msg is in b exactly n times.
+func logged(b *testkit.Buffer, msg string, n int) func() error {
 	return func() error {
-		if got := b.count(msg); got != n {
+		if got := b.Count(msg); got != n {
 			return fmt.Errorf("%q logged %d times, want %d", msg, got, n)
 		}
 		return nil

@@ -4,6 +4,9 @@
 package testkit
 
 import (
+	"bytes"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -26,3 +29,26 @@ func Eventually(tb testing.TB, within time.Duration, check func() error) {
 		<-tick.C
 	}
 }
+
+// Buffer collects what a logger or a process writes while the test reads
+// it: a bytes.Buffer safe for concurrent use.
+type Buffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Count returns how many times s was written so far.
+func (b *Buffer) Count(s string) int { return strings.Count(b.String(), s) }

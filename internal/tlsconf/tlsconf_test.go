@@ -1,7 +1,6 @@
 package tlsconf
 
 import (
-	"bytes"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -12,26 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf/tlstest"
 )
-
-// logBuffer collects a logger's output, safe for concurrent writes.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // fakeClock is a clock that moves only when told.
 type fakeClock struct {
@@ -97,7 +79,7 @@ func TestReloaderLooksAtMostOncePerInterval(t *testing.T) {
 func TestReloaderKeepsCertificateOnBrokenReplacement(t *testing.T) {
 	ca := tlstest.NewCA(t)
 	dir := t.TempDir()
-	logs := &logBuffer{}
+	logs := &testkit.Buffer{}
 	r, certFile, keyFile := newReloader(t, ca, dir, "first", slog.New(slog.NewTextHandler(logs, nil)))
 	clock := &fakeClock{now: time.Now()}
 	r.now = clock.Now
