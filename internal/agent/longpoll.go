@@ -116,6 +116,11 @@ func (a *Agent) poll(ctx context.Context, relay *url.URL) (*wire.Request, error)
 	if err != nil {
 		return nil, fmt.Errorf("poll: %w", err)
 	}
+	if msg.ID == "" {
+		// Nothing to answer to: not a request (an empty 200 from a proxy
+		// on the way, say). Poll again rather than call the backend.
+		return nil, fmt.Errorf("poll: the relay answered 200 without a request (%d bytes, no request id)", len(body))
+	}
 	return msg, nil
 }
 

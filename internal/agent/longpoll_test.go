@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -843,5 +844,27 @@ func TestBadRequestForBackend(t *testing.T) {
 	m, _ := f.nextChunk(t, http.StatusOK)
 	if !m.HasStatus || m.StatusCode != http.StatusBadRequest || !m.EOF || !strings.Contains(string(m.Body), "Bad request") {
 		t.Fatalf("chunk %+v, want a 400 saying why", m)
+	}
+}
+
+// TestEmptyPollAnswerIsNotARequest: a 200 without a request (an empty body
+// from a proxy on the way) makes the agent poll again, without calling the
+// backend or posting an answer to nobody.
+func TestEmptyPollAnswerIsNotARequest(t *testing.T) {
+	f := newFakeRelay(t)
+	var backendCalls atomic.Int32
+	b := backend(t, func(w http.ResponseWriter, r *http.Request) {
+		backendCalls.Add(1)
+		hello(w, r)
+	})
+	runAgent(t, config(t, f, b.URL))
+	f.nextPoll(t).answer(http.StatusOK, "")
+	f.hand(t, &wire.Request{ID: newID(1), Method: http.MethodGet, URL: "http://invalid/"})
+	m, _ := f.nextChunk(t, http.StatusOK)
+	if m.ID != newID(1) {
+		t.Fatalf("the first answer posted is for %q, want %q", m.ID, newID(1))
+	}
+	if n := backendCalls.Load(); n != 1 {
+		t.Fatalf("the backend was called %d times, want once: the empty answer is no request", n)
 	}
 }

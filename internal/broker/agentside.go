@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -54,7 +55,7 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 			d.lastPoll = now
 			d.agents[instance] = now
 		}
-		b.pollEndedLocked(instance, now, ctx.Err() != nil)
+		b.pollEndedLocked(instance, now, ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrPollEnded))
 		b.mu.Unlock()
 		b.metrics.pollsWaiting.Dec()
 	}()
@@ -77,6 +78,9 @@ func (b *Broker) Poll(ctx context.Context, device, agentID, instance string) (*E
 		case <-b.drainCh:
 			return nil, ErrDraining
 		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), ErrPollEnded) {
+				return nil, ErrPollEnded
+			}
 			return nil, ctx.Err()
 		}
 	}

@@ -29,6 +29,10 @@ func (e *Error) HTTPStatus() int { return e.Status }
 var (
 	// ErrPollTimeout: no request arrived within the poll wait (408).
 	ErrPollTimeout = errors.New("no request within the poll wait")
+	// ErrPollEnded, as the cause of a poll's context, ends the poll without a
+	// request and without counting its agent as gone: the relay that
+	// forwarded the poll asked for its end (408 to the poll).
+	ErrPollEnded = errors.New("the forwarding relay ended the poll")
 	// ErrDraining: the relay is shutting down and hands out no more requests (408 to polls, 503 to users).
 	ErrDraining = errors.New("relay is draining")
 	// ErrUnknownRequest: the request id is unknown or its user went away (400/410).

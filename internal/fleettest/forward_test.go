@@ -23,6 +23,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
+	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
 // fleetSetup starts three relays on one NATS, a backend, and an agent for
@@ -403,5 +404,53 @@ func TestLongPollAgentAtNonHolder(t *testing.T) {
 	}
 	if others[0].Node.Fleet().ID() == holder.Node.Fleet().ID() {
 		t.Fatal("test setup: the polled relay is the holder")
+	}
+}
+
+// TestForwardedPollEndsCleanlyOnShutdown stops a relay while a long poll it
+// forwarded waits at the holder: the poll is answered (408 by the holder,
+// asking to poll again), never left with an empty 200, which an agent would
+// read as a request, and a request the holder hands over meanwhile is never
+// dropped between the relays.
+func TestForwardedPollEndsCleanlyOnShutdown(t *testing.T) {
+	relays := StartFleet(t, 2)
+	holder, others := HolderFor(t, relays, "dev")
+	through := others[0]
+	token := FleetToken(t, relays, auth.KindAgent, "", "dev")
+	req, err := http.NewRequest(http.MethodGet, through.URL+"/server/request?server=dev", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set(wire.InstanceHeader, "raw-agent")
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	polled := make(chan answer, 1)
+	go func() {
+		resp, err := NewClient(t, false).Do(req)
+		if err != nil {
+			polled <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		polled <- answer{status: resp.StatusCode, body: string(b)}
+	}()
+	waitHolder(t, relays, "dev", holder) // the forwarded poll waits there
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := through.Node.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown of the forwarding relay: %v", err)
+	}
+	a := <-polled
+	if a.err != nil {
+		t.Fatalf("the forwarded poll: %v", a.err)
+	}
+	if a.status != http.StatusRequestTimeout || !strings.Contains(a.body, "poll again") {
+		t.Fatalf("the forwarded poll ended %d %q, want 408 asking to poll again", a.status, a.body)
 	}
 }

@@ -101,8 +101,22 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request) {
 	if h.routed(w, r, device, "") {
 		return
 	}
-	ex, err := h.cfg.Broker.Poll(r.Context(), device, agentID, r.Header.Get(wire.InstanceHeader))
+	ctx := r.Context()
+	if r.Header.Get(wire.PollEndHeader) != "" {
+		// A forwarded poll that its relay may end by ending the body.
+		var end context.CancelCauseFunc
+		ctx, end = context.WithCancelCause(ctx)
+		defer end(nil)
+		go func() {
+			io.Copy(io.Discard, io.LimitReader(r.Body, 1<<10))
+			end(broker.ErrPollEnded)
+		}()
+	}
+	ex, err := h.cfg.Broker.Poll(ctx, device, agentID, r.Header.Get(wire.InstanceHeader))
 	switch {
+	case errors.Is(err, broker.ErrPollEnded):
+		textError(w, http.StatusRequestTimeout, "the relay this poll came through ended it; poll again")
+		return
 	case errors.Is(err, broker.ErrPollTimeout):
 		textError(w, http.StatusRequestTimeout, "no request for this device within the poll wait; poll again")
 		return

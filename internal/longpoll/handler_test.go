@@ -591,3 +591,95 @@ func TestExpiredRequestsLeaveTheQueue(t *testing.T) {
 		}
 	}
 }
+
+// forwardedPoll starts a poll as a relay forwards one (wire.PollEndHeader,
+// over HTTP/2 as between relays): its body stays open until end is called.
+func (e *env) forwardedPoll(t *testing.T, device, token string) (answer <-chan reply, end func()) {
+	t.Helper()
+	body, w := io.Pipe()
+	req, err := http.NewRequest(http.MethodGet, e.srv.URL+"/server/request?server="+device, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set(wire.PollEndHeader, "1")
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	t.Cleanup(tr.CloseIdleConnections)
+	out := make(chan reply, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			out <- reply{status: -1, body: err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out <- reply{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	}()
+	t.Cleanup(func() { w.Close() })
+	return out, func() { w.Close() }
+}
+
+// h2cEnv is newEnv with the handler served over HTTP/2 without TLS too, as
+// relays serve each other.
+func h2cEnv(t *testing.T) *env {
+	t.Helper()
+	b, err := broker.New(broker.Config{PollWait: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(longpoll.NewHandler(longpoll.Config{Broker: b, Authorize: authorize, MaxChunkBytes: maxChunk}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	e := &env{broker: b, srv: srv}
+	t.Cleanup(func() {
+		b.Close()
+		srv.Close()
+	})
+	return e
+}
+
+func TestForwardedPollEndsWithItsBody(t *testing.T) {
+	t.Run("ended before a request came", func(t *testing.T) {
+		e := h2cEnv(t)
+		answer, end := e.forwardedPoll(t, "dev", "agent-1")
+		e.waitDevice(t, "dev")
+		end()
+		r := await(t, answer, "the ended poll")
+		if r.status != http.StatusRequestTimeout || !strings.Contains(r.body, "poll again") {
+			t.Fatalf("ended poll: %d %q, want 408 asking to poll again", r.status, r.body)
+		}
+		// Nothing was taken: the next request goes to the next poll.
+		var res <-chan userResult
+		msg := e.take(t, "dev", "agent-1", func() { res = e.user(t, http.MethodGet, "dev", "/after", nil) })
+		if msg.URL != "http://invalid/after" {
+			t.Fatalf("next poll got %q", msg.URL)
+		}
+		e.post(t, "agent-1", &wire.Response{ID: msg.ID, HasStatus: true, StatusCode: 204, EOF: true})
+		if u := await(t, res, "the user's response"); u.err != nil || u.resp.StatusCode != 204 {
+			t.Fatalf("user: %v %v", u.err, u.resp)
+		}
+	})
+	t.Run("a request handed over before the end still arrives", func(t *testing.T) {
+		e := h2cEnv(t)
+		answer, end := e.forwardedPoll(t, "dev", "agent-1")
+		e.waitDevice(t, "dev")
+		res := e.user(t, http.MethodGet, "dev", "/taken", nil)
+		r := await(t, answer, "the poll")
+		end()
+		if r.status != http.StatusOK {
+			t.Fatalf("poll: %d %q, want 200 with the request", r.status, r.body)
+		}
+		msg, err := wire.UnmarshalRequest([]byte(r.body), 1<<20)
+		if err != nil || msg.URL != "http://invalid/taken" {
+			t.Fatalf("poll answered %q (%v)", r.body, err)
+		}
+		e.post(t, "agent-1", &wire.Response{ID: msg.ID, HasStatus: true, StatusCode: 204, EOF: true})
+		if u := await(t, res, "the user's response"); u.err != nil || u.resp.StatusCode != 204 {
+			t.Fatalf("user: %v %v", u.err, u.resp)
+		}
+	})
+}

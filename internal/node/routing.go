@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
+	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
 // Event types of routing.
@@ -238,7 +240,9 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 // long-poll agents too), an answer to where the device is now (requests in
 // flight here are answered here before this is asked).
 func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handler {
-	if r.Header.Get(peer.Header) != "" {
+	if r.Header.Get(peer.Header) == "" {
+		r.Header.Del(wire.PollEndHeader) // honoured on a signed forward only
+	} else {
 		_, err := n.signer.Verify(r.Header, device)
 		r.Header.Del(peer.Header)
 		if err != nil {
@@ -278,15 +282,74 @@ func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handle
 	if !poll {
 		return h
 	}
-	// A forwarded poll waits at the holder; a shutdown here ends it at once.
+	return n.forwardPoll(h)
+}
+
+// pollEndGrace is how long a stopping relay waits for the holder to end a
+// poll it forwarded before it cuts the forward: a holder that predates
+// PollEndHeader never ends it.
+const pollEndGrace = 2 * time.Second
+
+// forwardPoll forwards a poll through h so that a shutdown here ends it
+// soon without dropping a request: the poll's body stays open, and on
+// shutdown it ends, which asks the holder to end the poll (wire.PollEndHeader).
+// The holder answers 408, or the request it has just handed the poll, which
+// goes on to the agent. Cutting the forward at once instead could lose that
+// request between the relays, and it would answer the agent with nothing.
+func (n *Node) forwardPoll(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithCancel(r.Context())
 		defer cancel()
-		stop := context.AfterFunc(n.stopCtx, cancel)
+		body, endBody := io.Pipe()
+		defer endBody.Close()
+		stop := context.AfterFunc(n.stopCtx, func() {
+			endBody.Close()
+			cut := time.AfterFunc(pollEndGrace, cancel)
+			context.AfterFunc(ctx, func() { cut.Stop() })
+		})
 		defer stop()
-		h.ServeHTTP(w, r.WithContext(ctx))
+		out := r.WithContext(ctx)
+		out.Body, out.ContentLength = body, -1
+		out.Header.Set(wire.PollEndHeader, "1")
+		// Once the holder answers, the body has nothing left to say; ending
+		// it lets the HTTP/2 stream finish, which the proxy waits for.
+		rw := &answerWatch{ResponseWriter: w, onAnswer: func() { endBody.Close() }}
+		h.ServeHTTP(rw, out)
+		if !rw.answered && r.Context().Err() == nil {
+			// The forward was cut before the holder answered: send the
+			// agent on rather than leave it an empty answer.
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "this relay is shutting down; poll another", http.StatusServiceUnavailable)
+		}
 	})
 }
+
+// answerWatch notes whether a response was started, and calls onAnswer
+// when it is.
+type answerWatch struct {
+	http.ResponseWriter
+	onAnswer func()
+	answered bool
+}
+
+func (a *answerWatch) answer() {
+	if !a.answered {
+		a.answered = true
+		a.onAnswer()
+	}
+}
+
+func (a *answerWatch) WriteHeader(code int) {
+	a.answer()
+	a.ResponseWriter.WriteHeader(code)
+}
+
+func (a *answerWatch) Write(p []byte) (int, error) {
+	a.answer()
+	return a.ResponseWriter.Write(p)
+}
+
+func (a *answerWatch) Unwrap() http.ResponseWriter { return a.ResponseWriter }
 
 // changeHub wakes whoever waits for the next change of this relay's agents
 // or of the fleet state.

@@ -381,4 +381,11 @@ const (
 	// broke off, so that the user sees an error instead of a clean end. A
 	// relay never forwards it.
 	AbortTrailer = "X-Switchboard-Abort"
+	// PollEndHeader, on a poll one relay forwards to another, says that the
+	// forwarding relay may end the poll early by ending the poll's request
+	// body: the receiving relay then answers 408 unless it has already
+	// handed the poll a request, which the forwarding relay still passes on.
+	// Cutting the forward instead could drop a request on its way. A relay
+	// honours it only on a signed forward.
+	PollEndHeader = "X-Switchboard-Poll-Ends-With-Body"
 )
