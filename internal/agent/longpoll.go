@@ -141,7 +141,8 @@ func (a *Agent) handle(ctx context.Context, relay *url.URL, msg *wire.Request) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	s := &responder{a: a, relay: relay, id: msg.ID, start: start}
+	s := &responder{a: a, id: msg.ID, start: start}
+	s.relay.Store(relay)
 	breq, err := a.backendRequest(ctx, msg)
 	if err != nil {
 		s.fail(ctx, http.StatusBadRequest, "Bad request for the backend: "+err.Error())

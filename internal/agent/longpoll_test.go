@@ -733,9 +733,11 @@ func TestRefusedChunkStopsResponse(t *testing.T) {
 	}
 }
 
-func TestUpgrade(t *testing.T) {
+// echoLinesBackend switches to the "echo-lines" protocol and echoes each
+// line until "bye"; done is closed when it has closed the connection.
+func echoLinesBackend(t *testing.T) (b *httptest.Server, done <-chan struct{}) {
 	backendDone := make(chan struct{})
-	b := backend(t, func(w http.ResponseWriter, r *http.Request) {
+	b = backend(t, func(w http.ResponseWriter, r *http.Request) {
 		defer close(backendDone)
 		if r.Header.Get("Upgrade") != "echo-lines" {
 			http.Error(w, "want Upgrade: echo-lines", http.StatusBadRequest)
@@ -756,13 +758,23 @@ func TestUpgrade(t *testing.T) {
 			}
 		}
 	})
+	return b, backendDone
+}
+
+// upgradeRequest is a request to switch to echo-lines.
+func upgradeRequest(id string) *wire.Request {
+	return &wire.Request{ID: id, Method: http.MethodGet, URL: "http://invalid/exec",
+		Header: []wire.Header{{Name: "Connection", Value: "Upgrade"}, {Name: "Upgrade", Value: "echo-lines"}}}
+}
+
+func TestUpgrade(t *testing.T) {
+	b, backendDone := echoLinesBackend(t)
 	f := newFakeRelay(t)
 	cfg := config(t, f, b.URL)
 	cfg.RelayPrefix = "/edge"
 	runAgent(t, cfg)
 	id := newID(9)
-	f.hand(t, &wire.Request{ID: id, Method: http.MethodGet, URL: "http://invalid/exec",
-		Header: []wire.Header{{Name: "Connection", Value: "Upgrade"}, {Name: "Upgrade", Value: "echo-lines"}}})
+	f.hand(t, upgradeRequest(id))
 
 	head, _ := f.nextChunk(t, http.StatusOK)
 	if !head.HasStatus || head.StatusCode != http.StatusSwitchingProtocols || head.EOF {
@@ -866,5 +878,48 @@ func TestEmptyPollAnswerIsNotARequest(t *testing.T) {
 	}
 	if n := backendCalls.Load(); n != 1 {
 		t.Fatalf("the backend was called %d times, want once: the empty answer is no request", n)
+	}
+}
+
+// TestUpgradeFollowsTheAgentsOtherRelays: when the relay an upgraded
+// request came through goes away (it stopped, in a rolling update), the
+// agent fetches the user's bytes and posts the device's through its other
+// relays, which pass them on; the session goes on.
+func TestUpgradeFollowsTheAgentsOtherRelays(t *testing.T) {
+	b, _ := echoLinesBackend(t)
+	first, second := newFakeRelay(t), newFakeRelay(t)
+	cfg := config(t, first, b.URL)
+	cfg.Relays = append(cfg.Relays, mustURL(t, second.srv.URL))
+	runAgent(t, cfg)
+	id := newID(7)
+	first.hand(t, upgradeRequest(id))
+	if head, _ := first.nextChunk(t, http.StatusOK); head.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("first chunk %+v, want a 101 head", head)
+	}
+	next(t, first.streams, "requeststream call").reply <- answer{status: http.StatusOK, ctype: "application/octet-data", body: []byte("hello\n")}
+	if m, _ := first.nextChunk(t, http.StatusOK); string(m.Body) != "echo: hello\n" {
+		t.Fatalf("chunk %q", m.Body)
+	}
+
+	// The first relay goes away as a stopping relay does: it answers the
+	// call in flight, closes its connections and listens no more.
+	c := next(t, first.streams, "requeststream call")
+	first.srv.Config.SetKeepAlivesEnabled(false)
+	first.srv.Listener.Close()
+	c.reply <- answer{status: http.StatusOK, ctype: "application/octet-data"} // nothing within the wait
+	next(t, second.streams, "requeststream call through the other relay").reply <- answer{status: http.StatusOK, ctype: "application/octet-data", body: []byte("bye\n")}
+	var got string
+	for {
+		m, _ := second.nextChunk(t, http.StatusOK)
+		if m.ID != id {
+			t.Fatalf("chunk for %q, want %q", m.ID, id)
+		}
+		got += string(m.Body)
+		if m.EOF {
+			break
+		}
+	}
+	if got != "echo: bye\n" {
+		t.Fatalf("device bytes through the other relay %q, want the echo of bye", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/wire"
@@ -19,37 +20,53 @@ import (
 // responder posts one response to the relay, chunk by chunk.
 type responder struct {
 	a     *Agent
-	relay *url.URL
+	relay atomic.Pointer[url.URL] // the relay the request came through, or the one that answered last
 	id    string
 	start time.Time
 }
 
-// post sends one chunk. It returns errStop when the relay no longer wants
-// the response (the user went away).
-//
-// A relay that cannot be reached gets the chunk sent through the agent's
-// other relays: a Switchboard relay passes an answer on to the relay that
-// holds its request.
-func (s *responder) post(ctx context.Context, m *wire.Response) error {
-	m.ID = s.id
-	body := m.Marshal()
-	var resp *http.Response
-	relays := s.a.relaysFrom(s.relay)
+// call makes one of the agent's calls about this request, built for a relay
+// by build: to the relay the request came through and, when that relay
+// cannot be reached (it stopped, say), through the agent's other relays: a
+// Switchboard relay passes such a call on to the relay that holds the
+// request. A relay that answered stays the first choice for later calls.
+func (s *responder) call(ctx context.Context, build func(relay *url.URL) (*http.Request, error)) (*http.Response, error) {
+	relays := s.a.relaysFrom(s.relay.Load())
 	for i, relay := range relays {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.a.endpoint(relay, "/server/response", nil), bytes.NewReader(body))
+		req, err := build(relay)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		req.Header.Set("Content-Type", wire.ContentTypeResponse)
 		s.a.authorize(req)
-		resp, err = s.a.relay.Do(req)
+		resp, err := s.a.relay.Do(req)
 		if err == nil {
-			break
+			if i > 0 {
+				s.relay.Store(relay)
+			}
+			return resp, nil
 		}
 		var op *net.OpError
 		if i+1 == len(relays) || ctx.Err() != nil || !errors.As(err, &op) || op.Op != "dial" {
-			return fmt.Errorf("post response chunk: %w", err)
+			return nil, err
 		}
+	}
+	return nil, errors.New("no relay to call") // relaysFrom returns at least one
+}
+
+// post sends one chunk. It returns errStop when the relay no longer wants
+// the response (the user went away).
+func (s *responder) post(ctx context.Context, m *wire.Response) error {
+	m.ID = s.id
+	body := m.Marshal()
+	resp, err := s.call(ctx, func(relay *url.URL) (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.a.endpoint(relay, "/server/response", nil), bytes.NewReader(body))
+		if err == nil {
+			req.Header.Set("Content-Type", wire.ContentTypeResponse)
+		}
+		return req, err
+	})
+	if err != nil {
+		return fmt.Errorf("post response chunk: %w", err)
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
@@ -249,14 +266,11 @@ func (s *responder) upgraded(ctx context.Context, resp *http.Response) {
 // userToBackend copies the user's bytes, fetched with requeststream calls,
 // to the backend until the user closes its side or the stream ends.
 func (s *responder) userToBackend(ctx context.Context, conn io.Writer) {
-	u := s.a.endpoint(s.relay, "/server/requeststream", url.Values{"id": {s.id}})
+	q := url.Values{"id": {s.id}}
 	for ctx.Err() == nil {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, http.NoBody)
-		if err != nil {
-			return
-		}
-		s.a.authorize(req)
-		resp, err := s.a.relay.Do(req)
+		resp, err := s.call(ctx, func(relay *url.URL) (*http.Request, error) {
+			return http.NewRequestWithContext(ctx, http.MethodPost, s.a.endpoint(relay, "/server/requeststream", q), http.NoBody)
+		})
 		if err != nil {
 			return
 		}
