@@ -80,12 +80,7 @@ func relaysList(ctx context.Context, g *ctlGlobals, args []string, stdout, stder
 // then the answer as JSON (an empty list as []) or as a table.
 func listCommand[T any](ctx context.Context, g *ctlGlobals, name string, args []string, stdout, stderr io.Writer,
 	fetch func(*control.Client, context.Context) ([]T, error), table func(io.Writer, []T, time.Time) error) error {
-	fs := newFlagSet(name, stderr)
-	g.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	c, err := g.connect()
+	c, err := g.connectFor(name, args, stderr)
 	if err != nil {
 		return err
 	}

@@ -165,14 +165,14 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 		if f.OnForward != nil {
 			f.OnForward(t.ID, err)
 		}
-		if err != nil && !retried && unestablished(err) && replayable(req) {
+		if err != nil && !retried && unestablished(err) && tunnel.RewindBody(req) {
 			// A new connection to the holder died before it carried the
 			// request: nothing was sent, and the holder may be fine (one
 			// busy taking a drain's agents). Try once more.
 			retried = true
 			continue
 		}
-		if err == nil || !unreachable(err) || !replayable(req) {
+		if err == nil || !unreachable(err) || !tunnel.RewindBody(req) {
 			return resp, err
 		}
 		// The holder is gone: veto it and ask the ranking again.
@@ -275,23 +275,6 @@ func unreachable(err error) bool {
 	}
 	s := err.Error()
 	return strings.Contains(s, "connection refused") || strings.Contains(s, "no route to host")
-}
-
-// replayable reports whether req can be sent again: it has no body, or one
-// that can be had again.
-func replayable(req *http.Request) bool {
-	if req.Body == nil || req.Body == http.NoBody {
-		return true
-	}
-	if req.GetBody == nil {
-		return false
-	}
-	body, err := req.GetBody()
-	if err != nil {
-		return false
-	}
-	req.Body = body
-	return true
 }
 
 // ProxyTo returns a handler that forwards an agent's call about device, as

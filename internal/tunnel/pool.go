@@ -486,16 +486,24 @@ func lostIdempotent(err error, req *http.Request) bool {
 	if req.Header.Get("Upgrade") != "" || req.Context().Err() != nil {
 		return false
 	}
-	if req.Body != nil && req.Body != http.NoBody {
-		if req.GetBody == nil {
-			return false
-		}
-		body, berr := req.GetBody()
-		if berr != nil {
-			return false
-		}
-		req.Body = body
+	return RewindBody(req)
+}
+
+// RewindBody makes req's body ready to be sent again and reports whether it
+// could: a request without a body can always be sent again, one with a body
+// only when GetBody gives it anew.
+func RewindBody(req *http.Request) bool {
+	if req.Body == nil || req.Body == http.NoBody {
+		return true
 	}
+	if req.GetBody == nil {
+		return false
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return false
+	}
+	req.Body = body
 	return true
 }
 
