@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -213,6 +214,40 @@ func TakeCode(rawQuery string) (code, rest string) {
 		keep = append(keep, part)
 	}
 	return code, strings.Join(keep, "&")
+}
+
+// StripCodes removes from rawQuery every parameter that carries one of
+// Switchboard's access codes, used or not, however its name or value is
+// escaped ("code=sbc1_…", "%63ode=sbc1%5F…"), so that a device never sees
+// one. Other parameters keep their exact encoding.
+func StripCodes(rawQuery string) string {
+	if rawQuery == "" {
+		return ""
+	}
+	parts := strings.Split(rawQuery, "&")
+	keep := parts[:0]
+	for _, part := range parts {
+		if !isCodeParam(part) {
+			keep = append(keep, part)
+		}
+	}
+	return strings.Join(keep, "&")
+}
+
+// isCodeParam reports whether the query parameter part ("name=value",
+// escaped) is an access code.
+func isCodeParam(part string) bool {
+	name, value, ok := strings.Cut(part, "=")
+	if !ok {
+		return false
+	}
+	if n, err := url.QueryUnescape(name); err == nil {
+		name = n
+	}
+	if v, err := url.QueryUnescape(value); err == nil {
+		value = v
+	}
+	return name == CodeParam && strings.HasPrefix(strings.TrimSpace(value), CodePrefix)
 }
 
 // SessionCookie is the name of the cookie a code's session travels in.

@@ -10,11 +10,12 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/limit"
+	"github.com/switchboard-relay/switchboard/internal/relay"
 )
 
 // UserTokenHeader carries a user's token when the Authorization header is
 // needed by the device's own service (kubectl, REST APIs).
-const UserTokenHeader = "X-Switchboard-Token"
+const UserTokenHeader = relay.UserTokenHeader
 
 // authError is a refused credential, answered 401 or 403.
 type authError struct {
@@ -28,7 +29,7 @@ func (e *authError) HTTPStatus() int { return e.status }
 // authorizeAgent checks an agent's bearer token against device, and files
 // the request under the token, so that revoking it cuts the request.
 func (n *Node) authorizeAgent(r *http.Request, device string) (string, error) {
-	token, _ := bearer(r.Header.Get("Authorization"))
+	token, _ := relay.Bearer(r.Header.Get("Authorization"))
 	if token == "" {
 		if n.cfg.AllowAnonymousAgents {
 			return "", nil
@@ -51,8 +52,9 @@ func (n *Node) authorizeAgent(r *http.Request, device string) (string, error) {
 	return p.TokenID, nil
 }
 
-// authorizeUser checks a user's credential against device and removes it
-// from the request so that the device never sees it. The credential is an
+// authorizeUser checks a user's credential against device. The relay
+// removes every credential from the request before it leaves (see
+// relay.StripCredentials), whichever was used. The credential is an
 // access code in the query, a user (or admin) token in a header, or the
 // session cookie a code opened, in that order.
 func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, error) {
@@ -67,7 +69,7 @@ func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, err
 		}
 		return n.authorizeCode(r, device, code)
 	}
-	token := userToken(r.Header)
+	token := relay.UserToken(r.Header) // relay.StripCredentials takes it off
 	sessions := access.TakeSession(r.Header)
 	if token == "" && len(sessions) > 0 && !n.cfg.AllowAnonymousUsers {
 		return n.authorizeSession(r, device, sessions)
@@ -121,41 +123,6 @@ func userMay(p auth.Principal, device string) error {
 		return &authError{http.StatusForbidden, fmt.Sprintf("this token may not use device %q", device)}
 	}
 	return nil
-}
-
-// userToken takes a Switchboard token from h: X-Switchboard-Token,
-// Proxy-Authorization, or an Authorization bearer token in Switchboard's
-// format (others are the device's business and stay). It removes what it took.
-func userToken(h http.Header) string {
-	if t := h.Get(UserTokenHeader); t != "" {
-		h.Del(UserTokenHeader)
-		return t
-	}
-	if t, ok := bearer(h.Get("Proxy-Authorization")); ok {
-		h.Del("Proxy-Authorization")
-		return t
-	}
-	if t, ok := bearer(h.Get("Authorization")); ok && looksLikeOurs(t) {
-		h.Del("Authorization")
-		return t
-	}
-	return ""
-}
-
-// bearer returns the token of an "Authorization: Bearer <token>" value.
-func bearer(v string) (string, bool) {
-	scheme, token, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	token = strings.TrimSpace(token)
-	return token, token != ""
-}
-
-// looksLikeOurs reports whether token has the shape of a Switchboard token
-// ("sb" + kind letter + "_").
-func looksLikeOurs(token string) bool {
-	return len(token) > 4 && token[0] == 's' && token[1] == 'b' && token[3] == '_'
 }
 
 func credentialError(err error, who string) error {

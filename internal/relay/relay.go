@@ -244,6 +244,7 @@ func rewrite(pr *httputil.ProxyRequest) {
 	out.URL.Path = t.Path
 	out.URL.RawPath = t.RawPath
 	out.Host = pr.In.Host
+	StripCredentials(out.Header, out.URL) // on every relay, forwarded requests too
 	if ForwardedFrom(pr.In.Context()) == "" {
 		pr.SetXForwarded()
 		return
