@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 )
@@ -45,8 +46,8 @@ func ParseTarget(u *url.URL, h http.Header) (t Target, ok bool, err error) {
 	if !strings.HasPrefix(path, "/") {
 		return Target{}, true, &AddressError{Msg: "the request target must be an absolute path (not '*' or an opaque URL) to reach a device"}
 	}
-	if hasDotSegment(path) {
-		return Target{}, true, &AddressError{Msg: "the path has '.' or '..' segments; send a normalized path"}
+	if err := checkPath(path); err != nil {
+		return Target{}, true, err
 	}
 	return Target{Device: name, Path: path, RawPath: u.RawPath}, true, nil
 }
@@ -69,8 +70,8 @@ func parseClientPath(rest string) (Target, error) {
 	if err != nil {
 		return Target{}, &AddressError{Msg: fmt.Sprintf("path is badly escaped: %v", err)}
 	}
-	if hasDotSegment(path) {
-		return Target{}, &AddressError{Msg: "the path has '.' or '..' segments; send a normalized path"}
+	if err := checkPath(path); err != nil {
+		return Target{}, err
 	}
 	t := Target{Device: device, Path: path}
 	if (&url.URL{Path: path}).EscapedPath() != rawPath {
@@ -87,13 +88,43 @@ func validateDevice(name string) error {
 	return nil
 }
 
+// checkPath refuses a decoded path that some backend could take to climb
+// above the prefix it serves, or cut short: a "." or ".." segment, also
+// when a backend cuts ";" parameters ("..;"), takes "\" for "/" ("..\"),
+// or decodes the path once more ("%252e%252e"); bytes that are not UTF-8
+// (the overlong "%c0%ae" that old decoders read as "."); and control
+// characters ("%00", which C backends take for the path's end). Escaped
+// slashes inside a segment ("a%2Fb") and every other escape stay as sent.
+func checkPath(path string) error {
+	if hasDotSegment(path) {
+		return &AddressError{Msg: "the path has '.' or '..' segments (also written '..;', '..\\' or escaped), which could climb out of the device's path prefix; send a normalized path"}
+	}
+	if again, err := url.PathUnescape(path); err == nil && again != path && hasDotSegment(again) {
+		return &AddressError{Msg: "the path has '.' or '..' segments once decoded twice (%252e%252e); send a normalized path"}
+	}
+	if !utf8.ValidString(path) {
+		return &AddressError{Msg: "the path is not UTF-8 once decoded (an overlong escape such as %c0%ae?); escape the path's characters as UTF-8"}
+	}
+	for i := range len(path) {
+		if c := path[i]; c < 0x20 || c == 0x7f {
+			return &AddressError{Msg: fmt.Sprintf("the path has the control character %%%02X; such bytes are not passed to devices", c)}
+		}
+	}
+	return nil
+}
+
 // hasDotSegment reports whether path has a "." or ".." segment, which could
-// climb out of a backend path prefix; clients normalize them away.
+// climb out of a backend path prefix; clients normalize them away. Segments
+// are split at "/" and "\", and a segment's ";" parameters are ignored.
 func hasDotSegment(path string) bool {
-	for seg := range strings.SplitSeq(path, "/") {
+	for seg := range strings.FieldsFuncSeq(path, isPathSeparator) {
+		seg, _, _ = strings.Cut(seg, ";")
 		if seg == "." || seg == ".." {
 			return true
 		}
 	}
 	return false
 }
+
+// isPathSeparator reports whether a backend may take r for "/".
+func isPathSeparator(r rune) bool { return r == '/' || r == '\\' }

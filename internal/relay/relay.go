@@ -127,6 +127,7 @@ func NewHandler(cfg Config) *Handler {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w, r, unguard := guardIdle(w, r, h.cfg.StallTimeout)
 	defer unguard()
+	closeIfChunked(w, r)
 	t, named, err := ParseTarget(r.URL, r.Header)
 	switch {
 	case err != nil:
@@ -162,6 +163,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	stripH2CUpgrade(r.Header)
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &userBody{ReadCloser: r.Body}
+	}
 	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, t))
 	defer h.track()()
 	h.proxy.ServeHTTP(w, r)
@@ -338,6 +342,14 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		return // the user went away
 	}
 	h.cfg.Logger.Debug("forward failed", "device", r.URL.Host, "err", err)
+	if be := (*BodyError)(nil); errors.As(err, &be) {
+		// The user's request failed, whatever the transport wrapped
+		// around it; its framing is broken, so its connection goes too.
+		if r.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
+		err = be
+	}
 	writeError(w, err)
 }
 
