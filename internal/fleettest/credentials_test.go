@@ -16,6 +16,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/peer"
 )
 
 // recordingBackend is a device's service that keeps what each request
@@ -130,6 +131,7 @@ func credCases() []credCase {
 type credWay struct {
 	name   string
 	tls    bool
+	signed bool // as another relay forwards it, signed, to the holder
 	client *http.Client // for sessionFor
 	entry  func(e credEnv) *Relay
 	send   func(t *testing.T, base, target string, h http.Header) (int, error)
@@ -216,6 +218,7 @@ func TestDeviceSeesNoCredential(t *testing.T) {
 		{name: "websocket", client: h1, entry: holderOf, send: wsWay(h1)},
 		{name: "forwarded", client: h1, entry: otherOf, send: httpWay(h1)},
 		{name: "forwarded websocket", client: h1, entry: otherOf, send: wsWay(h1)},
+		{name: "signed forward straight to the holder", signed: true, client: h1, entry: holderOf, send: httpWay(h1)},
 		{name: "tls http1", tls: true, client: tls1, send: httpWay(tls1)},
 		{name: "tls h2", tls: true, client: tls1, send: httpWay(tls2)},
 	}
@@ -249,6 +252,14 @@ func TestDeviceSeesNoCredential(t *testing.T) {
 				}
 				if c.cookie {
 					h.Add("Cookie", "theirs=1; "+access.SessionCookie+"="+cookie)
+				}
+				if w.signed {
+					// What another relay sends is stripped again here.
+					signer, err := peer.NewSigner(entry.Node.Secrets(), env.issuer.Node.Fleet().ID())
+					if err != nil {
+						t.Fatal(err)
+					}
+					signer.Sign(h, dev)
 				}
 				status, err := w.send(t, strings.TrimSuffix(entry.URL, "/"), target, h)
 				if err != nil || (status != http.StatusOK && status != http.StatusSwitchingProtocols) {
