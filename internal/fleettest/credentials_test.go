@@ -131,7 +131,7 @@ func credCases() []credCase {
 type credWay struct {
 	name   string
 	tls    bool
-	signed bool // as another relay forwards it, signed, to the holder
+	signed bool         // as another relay forwards it, signed, to the holder
 	client *http.Client // for sessionFor
 	entry  func(e credEnv) *Relay
 	send   func(t *testing.T, base, target string, h http.Header) (int, error)
@@ -245,6 +245,7 @@ func TestDeviceSeesNoCredential(t *testing.T) {
 				for i := range c.code {
 					code := codeFor(t, env.issuer, toks[0], dev)
 					secrets = append(secrets, code)
+					h.Set("Referer", "http://relay.example/client/"+dev+"/?code="+code+"&tab=1") // a page's next request
 					target += map[bool]string{true: "?", false: "&"}[i == 0] + "code=" + url.QueryEscape(code)
 				}
 				if c.code > 0 || c.cookie {

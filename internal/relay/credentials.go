@@ -61,7 +61,8 @@ func looksLikeOurs(token string) bool {
 // credential the relay understands, every value of it, whichever one was
 // used to let the request in: Proxy-Authorization, Authorization bearer
 // tokens of Switchboard's format, the session cookie, access codes in the
-// query of u, and every X-Switchboard-* header (UserTokenHeader among
+// query of u (and in the Referer, where a browser repeats the URL a code
+// opened), and every X-Switchboard-* header (UserTokenHeader among
 // them). What belongs to the device (its own Authorization, other cookies,
 // other "code" parameters) stays as sent.
 func StripCredentials(h http.Header, u *url.URL) {
@@ -84,10 +85,28 @@ func StripCredentials(h http.Header, u *url.URL) {
 		}
 	}
 	access.TakeSession(h)
+	stripRefererCodes(h)
 	if u != nil {
 		u.RawQuery = access.StripCodes(u.RawQuery)
 		if u.RawQuery == "" {
 			u.ForceQuery = false
 		}
+	}
+}
+
+// stripRefererCodes takes access codes out of the query of h's Referer.
+func stripRefererCodes(h http.Header) {
+	ref := h.Get("Referer")
+	if !strings.Contains(ref, "?") {
+		return
+	}
+	u, err := url.Parse(ref)
+	if err != nil {
+		h.Del("Referer") // unparsable: no telling what it carries
+		return
+	}
+	if q := access.StripCodes(u.RawQuery); q != u.RawQuery {
+		u.RawQuery = q
+		h.Set("Referer", u.String())
 	}
 }

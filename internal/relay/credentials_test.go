@@ -33,6 +33,10 @@ func TestStripCredentials(t *testing.T) {
 			"X-Switchboard-Peer": {"v2 forged"}, "X-Switchboard-Hops": {"1"}, "X-Switchboard-Code": {"n 1"},
 			"X-Switchboard-Upgrade": {"websocket"}, "x-switchboard-token": {tok}, "X-Other": {"kept"},
 		}, "", http.Header{"X-Other": {"kept"}}, ""},
+		{"a code in the Referer", http.Header{"Referer": {"https://relay.example/client/dev/ui/?code=sbc1_one&tab=2"}}, "",
+			http.Header{"Referer": {"https://relay.example/client/dev/ui/?tab=2"}}, ""},
+		{"a Referer without a code", http.Header{"Referer": {"https://relay.example/ui/?code=oauth&x=%20"}}, "",
+			http.Header{"Referer": {"https://relay.example/ui/?code=oauth&x=%20"}}, ""},
 		{"codes in the query, however escaped", http.Header{},
 			"a=1&code=sbc1_one&b=%20&code=sbc1%5Ftwo&%63ode=sbc1_three&code=", http.Header{}, "a=1&b=%20&code="},
 	}
