@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
@@ -105,10 +106,9 @@ func checkPath(path string) error {
 	if !utf8.ValidString(path) {
 		return &AddressError{Msg: "the path is not UTF-8 once decoded (an overlong escape such as %c0%ae?); escape the path's characters as UTF-8"}
 	}
-	for i := range len(path) {
-		if c := path[i]; c < 0x20 || c == 0x7f {
-			return &AddressError{Msg: fmt.Sprintf("the path has the control character %%%02X; such bytes are not passed to devices", c)}
-		}
+	if i := strings.IndexFunc(path, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(path[i:])
+		return &AddressError{Msg: fmt.Sprintf("the path has the control character %s; such characters are not passed to devices", url.PathEscape(string(r)))}
 	}
 	return nil
 }

@@ -96,6 +96,7 @@ func TestParseTarget(t *testing.T) {
 		{name: "three-byte overlong dot", target: "/client/dev/%e0%80%ae/b", wantErr: "UTF-8"},
 		{name: "escaped NUL", target: "/client/dev/a%00.png", wantErr: "%00"},
 		{name: "escaped newline", target: "/client/dev/a%0Ab", wantErr: "%0A"},
+		{name: "escaped C1 control", target: "/client/dev/a%C2%85b", wantErr: "%C2%85"},
 		{name: "header dot dot with a parameter", target: "/a/..;/b", header: "dev", wantErr: "'..'"},
 		{name: "header escaped backslash dot dot", target: "/a/%2e%2e%5cb", header: "dev", wantErr: "'..'"},
 		{name: "header double escaped dot dot", target: "/a/%252e%252e/b", header: "dev", wantErr: "decoded twice"},

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 )
@@ -43,6 +45,11 @@ func FuzzParseTarget(f *testing.F) {
 		{"http://relay.example", "dev"},
 		{"*", "dev"},
 		{"http:..%2f..%2fsecret", "dev"},
+		{"/client/dev/a/..;/b", ""},
+		{"/client/dev/..%5c..%5cetc", ""},
+		{"/client/dev/%c0%ae%c0%ae/x", ""},
+		{"/client/dev/%252e%252e/x", ""},
+		{"/a%00b", "dev"},
 	} {
 		f.Add(seed.target, seed.header)
 	}
@@ -87,10 +94,13 @@ func FuzzParseTarget(f *testing.F) {
 		if !strings.HasPrefix(got.Path, "/") {
 			t.Fatalf("ParseTarget(%q, %q) = %+v: the path does not start with \"/\"", target, header, got)
 		}
-		for seg := range strings.SplitSeq(got.Path, "/") {
-			if seg == "." || seg == ".." {
+		for seg := range strings.FieldsFuncSeq(got.Path, func(r rune) bool { return r == '/' || r == '\\' }) {
+			if seg, _, _ = strings.Cut(seg, ";"); seg == "." || seg == ".." {
 				t.Fatalf("ParseTarget(%q, %q) = %+v: the path has a dot segment", target, header, got)
 			}
+		}
+		if !utf8.ValidString(got.Path) || strings.ContainsFunc(got.Path, unicode.IsControl) {
+			t.Fatalf("ParseTarget(%q, %q) = %+v: the path is not UTF-8 or has a control character", target, header, got)
 		}
 		if got.RawPath != "" {
 			dec, err := url.PathUnescape(got.RawPath)
