@@ -24,8 +24,9 @@ import (
 
 // UserAuthorizer decides whether the user making r may use device. It returns
 // an error carrying an HTTP status (401 or 403) via an HTTPStatus() int
-// method when not. Credentials it consumed must be removed from r (header
-// or query) so that they are not forwarded to the device. It returns the
+// method when not. It need not remove the credential it read: every
+// credential the relay understands is taken off the request before it
+// leaves (StripCredentials), whichever one was used. It returns the
 // request to go on with: r, or r with a context carrying what the
 // credential implies (an access code's ticket, a response hook).
 type UserAuthorizer func(r *http.Request, device string) (*http.Request, error)
