@@ -150,3 +150,37 @@ func TestGRPCInteropThroughRelay(t *testing.T) {
 		}
 	})
 }
+
+// TestGRPCEmptyClientStreamEndsOnData: a client stream of no messages reaches
+// the gRPC backend as the client sent it, a stream ended by an empty DATA
+// frame, through either kind of agent; sent ended on its HEADERS frame, it is
+// a different request, which some servers never answer.
+func TestGRPCEmptyClientStreamEndsOnData(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, proto string) {
+		r := StartRelay(t)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends := &streamEnds{}
+		addr := serveInterop(t, frameListener{Listener: lis, ends: ends})
+		StartAgent(t, r, "interop-dev", "http://"+addr, r.Token(t, auth.KindAgent, "interop agent", "interop-dev"),
+			protocol(proto), func(c *agent.Config) { c.BackendH2C = true })
+		r.WaitDevice(t, "interop-dev")
+		user := r.Token(t, auth.KindUser, "alice", "interop-dev")
+		conn, err := grpc.NewClient(strings.TrimPrefix(r.URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "interop-dev", "x-switchboard-token", user)
+		if err := clientStream(ctx, testgrpc.NewTestServiceClient(conn)); err != nil {
+			t.Fatal(err)
+		}
+		if onHeaders, onData := ends.counts(); onHeaders != 0 || onData != 1 {
+			t.Errorf("the backend saw %d request streams end on HEADERS and %d on DATA, want 0 and 1", onHeaders, onData)
+		}
+	})
+}

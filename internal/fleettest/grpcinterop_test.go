@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -87,12 +88,84 @@ func startInteropGRPC(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveInterop(t, lis)
+}
+
+func serveInterop(t testing.TB, lis net.Listener) string {
 	srv := grpc.NewServer()
 	testgrpc.RegisterTestServiceServer(srv, interopService{})
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 	return lis.Addr().String()
 }
+
+// streamEnds counts how the request streams a server received ended: on
+// their HEADERS frame (no body) or on a DATA frame.
+type streamEnds struct {
+	mu                sync.Mutex // guards the fields below
+	onHeaders, onData int
+}
+
+func (e *streamEnds) counts() (onHeaders, onData int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.onHeaders, e.onData
+}
+
+// frameListener hands out connections whose incoming HTTP/2 frames are
+// parsed on the way, to count how request streams end.
+type frameListener struct {
+	net.Listener
+	ends *streamEnds
+}
+
+func (l frameListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &frameConn{Conn: c, ends: l.ends}, nil
+}
+
+// frameConn parses the frames read from it (after the client preface).
+type frameConn struct {
+	net.Conn
+	ends *streamEnds
+	buf  []byte
+	pre  bool // the preface has been skipped
+}
+
+func (c *frameConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.buf = append(c.buf, p[:n]...)
+	if !c.pre {
+		if len(c.buf) < len(http2Preface) {
+			return n, err
+		}
+		c.buf, c.pre = c.buf[len(http2Preface):], true
+	}
+	for len(c.buf) >= 9 {
+		length := int(c.buf[0])<<16 | int(c.buf[1])<<8 | int(c.buf[2])
+		if len(c.buf) < 9+length {
+			break
+		}
+		typ, flags := c.buf[3], c.buf[4]
+		if flags&0x1 != 0 { // END_STREAM
+			c.ends.mu.Lock()
+			switch typ {
+			case 0x0: // DATA
+				c.ends.onData++
+			case 0x1: // HEADERS
+				c.ends.onHeaders++
+			}
+			c.ends.mu.Unlock()
+		}
+		c.buf = c.buf[9+length:]
+	}
+	return n, err
+}
+
+const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 // grpcCase is one call of the interop client through a relay.
 type grpcCase struct {
