@@ -181,13 +181,46 @@ func (a *Agent) backendRequest(ctx context.Context, msg *wire.Request) (*http.Re
 	wire.AddToHTTP(req.Header, msg.Header)
 	req.ContentLength = int64(len(msg.Body))
 	if len(msg.Body) == 0 {
-		req.Body = http.NoBody
+		req.Body, req.GetBody = http.NoBody, nil
+		if streamsBody(req.Header) {
+			req.Body = presentEmptyBody{}
+			req.GetBody = func() (io.ReadCloser, error) { return presentEmptyBody{}, nil }
+		}
 	}
 	if a.cfg.PreserveHost && msg.Host != "" {
 		req.Host = msg.Host
 	}
 	return req, nil
 }
+
+// streamsBody reports whether h is a request of a protocol whose body is a
+// stream that must be ended, even when empty: gRPC, or anything asking for
+// trailers. An HTTP/2 server of such a protocol may wait for a DATA frame
+// that ends the stream (a gRPC client stream of no messages is one), which
+// a request without a body never sends.
+func streamsBody(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	if ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;") {
+		return true
+	}
+	for _, te := range h.Values("Te") {
+		for tok := range strings.SplitSeq(te, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "trailers") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// presentEmptyBody is a request body that is empty but present. Unlike
+// http.NoBody, with which the HTTP/2 transport ends the stream on the HEADERS
+// frame, it makes the transport send an empty DATA frame that ends it; over
+// HTTP/1.1 it goes as an empty chunked body.
+type presentEmptyBody struct{}
+
+func (presentEmptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (presentEmptyBody) Close() error             { return nil }
 
 // relaysFrom returns the configured relays, first the one given.
 func (a *Agent) relaysFrom(first *url.URL) []*url.URL {

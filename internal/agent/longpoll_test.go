@@ -923,3 +923,55 @@ func TestUpgradeFollowsTheAgentsOtherRelays(t *testing.T) {
 		t.Fatalf("device bytes through the other relay %q, want the echo of bye", got)
 	}
 }
+
+// TestEmptyStreamBodyIsPresent: over HTTP/2, a request whose protocol has a
+// body (gRPC, or anything asking for trailers) goes to the backend with a
+// body that is empty but present, ended by an empty DATA frame; a plain
+// request without a body ends its stream on the HEADERS frame. A backend
+// sees the difference as an unknown length (-1) against a length of 0.
+func TestEmptyStreamBodyIsPresent(t *testing.T) {
+	type seen struct {
+		proto         int
+		contentLength int64
+	}
+	got := make(chan seen, 1)
+	b := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		got <- seen{r.ProtoMajor, r.ContentLength}
+	}))
+	b.Config.Protocols = new(http.Protocols)
+	b.Config.Protocols.SetUnencryptedHTTP2(true)
+	b.Start()
+	t.Cleanup(b.Close)
+	f := newFakeRelay(t)
+	cfg := config(t, f, b.URL)
+	cfg.BackendH2C = true
+	runAgent(t, cfg)
+
+	tests := []struct {
+		name   string
+		method string
+		header []wire.Header
+		want   int64
+	}{
+		{"gRPC", http.MethodPost, []wire.Header{{Name: "Content-Type", Value: "application/grpc"}, {Name: "Te", Value: "trailers"}}, -1},
+		{"gRPC with a subtype", http.MethodPost, []wire.Header{{Name: "Content-Type", Value: "application/grpc+proto"}}, -1},
+		{"asks for trailers", http.MethodPost, []wire.Header{{Name: "Te", Value: "trailers"}}, -1},
+		{"plain POST", http.MethodPost, []wire.Header{{Name: "Content-Type", Value: "text/plain"}}, 0},
+		{"GET", http.MethodGet, nil, 0},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f.hand(t, &wire.Request{ID: newID(i + 1), Method: tt.method, URL: "http://invalid/grpc.testing.TestService/StreamingInputCall", Header: tt.header})
+			select {
+			case s := <-got:
+				if s.proto != 2 || s.contentLength != tt.want {
+					t.Errorf("backend saw HTTP/%d with length %d, want HTTP/2 with %d", s.proto, s.contentLength, tt.want)
+				}
+			case <-time.After(wait):
+				t.Fatal("the backend got no request")
+			}
+			f.nextChunk(t, http.StatusOK)
+		})
+	}
+}

@@ -26,6 +26,9 @@ type codec[T any] struct {
 	desc      func(schema) protoreflect.MessageDescriptor
 	fromDyn   func(protoreflect.Message) *T
 	headers   func(*T) [][]wire.Header // the repeated fields, in field order
+	// reference checks an encoding of m for every field the reference
+	// implementation dereferences when it reads this message.
+	reference func(s schema, b []byte, m *T) error
 }
 
 var requestCodec = codec[wire.Request]{
@@ -37,6 +40,7 @@ var requestCodec = codec[wire.Request]{
 	desc:      func(s schema) protoreflect.MessageDescriptor { return s.request },
 	fromDyn:   requestFromDyn,
 	headers:   func(r *wire.Request) [][]wire.Header { return [][]wire.Header{r.Header} },
+	reference: func(s schema, b []byte, _ *wire.Request) error { return checkRequestForReference(s, b) },
 }
 
 var responseCodec = codec[wire.Response]{
@@ -48,6 +52,7 @@ var responseCodec = codec[wire.Response]{
 	desc:      func(s schema) protoreflect.MessageDescriptor { return s.response },
 	fromDyn:   responseFromDyn,
 	headers:   func(r *wire.Response) [][]wire.Header { return [][]wire.Header{r.Header, r.Trailer} },
+	reference: func(s schema, b []byte, r *wire.Response) error { return checkResponseForReference(s, b, r.HasStatus) },
 }
 
 // fuzzSeeds are real encoded messages of both types (each target gets all of
@@ -131,6 +136,8 @@ func FuzzUnmarshalResponse(f *testing.F) {
 //     accepts with the same fields; what wire rejects, it rejects too, unless
 //     a known field came with the wrong wire type (which wire rejects on purpose);
 //   - semantic round trip: decode(Marshal(m)) == m, and Marshal is a fixed point;
+//   - what we would send on: Marshal(m) holds every field the reference
+//     implementation dereferences, every header's value among them;
 //   - concatenation: cut anywhere, each piece decodes or fails cleanly, and
 //     when both pieces decode, the whole is their merge; so is b twice over.
 func fuzzDecode[T any](t *testing.T, s schema, c codec[T], b []byte) {
@@ -165,6 +172,9 @@ func fuzzDecode[T any](t *testing.T, s schema, c codec[T], b []byte) {
 
 	// Semantic round trip.
 	re := c.marshal(got)
+	if err := c.reference(s, re, got); err != nil {
+		t.Fatalf("Marshal of %s = %x: %v", c.format(got), re, err)
+	}
 	again, err := c.unmarshal(re, len(re))
 	if err != nil {
 		t.Fatalf("decode of re-encoded %s: %v", c.format(got), err)

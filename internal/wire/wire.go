@@ -79,7 +79,12 @@ const (
 	fRespDuration = 7
 )
 
-// Marshal encodes r.
+// Marshal encodes r. The id, method, url and host fields, and the name and
+// value of every header, are always present, empty or not: the reference
+// agent dereferences the id, method and url fields and each header's name
+// and value without checking them, and the reference relay always writes
+// host. The body is left out when empty, as the reference reads it as a
+// plain byte slice.
 func (r *Request) Marshal() []byte {
 	n := len(r.ID) + len(r.Method) + len(r.URL) + len(r.Body) + len(r.Host) + 32
 	for _, h := range r.Header {
@@ -135,7 +140,12 @@ func (r *Request) head() []byte {
 	return b
 }
 
-// Marshal encodes r.
+// Marshal encodes r. The id field, and the name and value of every header
+// and trailer, are always present, empty or not: the reference relay
+// dereferences them without checking them. status_code is present exactly
+// when HasStatus is set (the reference relay answers 500 to a first chunk
+// without it); eof, body and backend_duration_ms are read through nil-safe
+// getters and are left out when zero.
 func (r *Response) Marshal() []byte {
 	n := len(r.ID) + len(r.Body) + 40
 	for _, h := range r.Header {
@@ -345,23 +355,21 @@ func addHeader(dst *[]Header, typ protowire.Type, v []byte) error {
 	return nil
 }
 
+// appendString writes a string field even when it is empty: the reference
+// implementation's readers dereference the fields they expect without
+// checking them (see Marshal), so an empty value must be present, not left
+// out as protobuf would allow.
 func appendString(b []byte, num protowire.Number, s string) []byte {
-	if s == "" {
-		return b
-	}
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendString(b, s)
 }
 
+// appendHeaders writes every entry with both its name and its value, empty
+// or not.
 func appendHeaders(b []byte, num protowire.Number, hs []Header) []byte {
 	for _, h := range hs {
-		size := 0
-		if h.Name != "" {
-			size += protowire.SizeTag(fHeaderName) + protowire.SizeBytes(len(h.Name))
-		}
-		if h.Value != "" {
-			size += protowire.SizeTag(fHeaderValue) + protowire.SizeBytes(len(h.Value))
-		}
+		size := protowire.SizeTag(fHeaderName) + protowire.SizeBytes(len(h.Name)) +
+			protowire.SizeTag(fHeaderValue) + protowire.SizeBytes(len(h.Value))
 		b = protowire.AppendTag(b, num, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(size))
 		b = appendString(b, fHeaderName, h.Name)

@@ -129,29 +129,23 @@ func set(m protoreflect.Message, name string, v any) {
 }
 
 // appendDynHeaders appends hs to the repeated HttpHeader field name of m,
-// leaving empty names and values unset as wire's Marshal does.
+// with names and values set even when empty, as wire's Marshal writes them.
 func appendDynHeaders(m protoreflect.Message, name string, hs []wire.Header) {
 	l := m.Mutable(fieldOf(m, name)).List()
 	for _, h := range hs {
 		e := l.NewElement()
-		if h.Name != "" {
-			set(e.Message(), "name", h.Name)
-		}
-		if h.Value != "" {
-			set(e.Message(), "value", h.Value)
-		}
+		set(e.Message(), "name", h.Name)
+		set(e.Message(), "value", h.Value)
 		l.Append(e)
 	}
 }
 
-// dynRequest is r as a dynamicpb HttpRequest, with the fields wire's Marshal
-// omits (empty strings and body) left unset.
+// dynRequest is r as a dynamicpb HttpRequest, with the string fields set
+// even when empty and an empty body left unset, as wire's Marshal does.
 func dynRequest(s schema, r *wire.Request) *dynamicpb.Message {
 	m := dynamicpb.NewMessage(s.request)
 	for _, f := range []struct{ name, v string }{{"id", r.ID}, {"method", r.Method}, {"url", r.URL}, {"host", r.Host}} {
-		if f.v != "" {
-			set(m, f.name, f.v)
-		}
+		set(m, f.name, f.v)
 	}
 	appendDynHeaders(m, "header", r.Header)
 	if len(r.Body) > 0 {
@@ -161,7 +155,8 @@ func dynRequest(s schema, r *wire.Request) *dynamicpb.Message {
 }
 
 // dynResponse is r as a dynamicpb HttpResponse, with the fields wire's Marshal
-// omits left unset.
+// omits when zero (status without HasStatus, body, eof, duration) left unset
+// and the id set even when empty.
 func dynResponse(s schema, r *wire.Response) *dynamicpb.Message {
 	m := dynamicpb.NewMessage(s.response)
 	if r.HasStatus {
@@ -171,9 +166,7 @@ func dynResponse(s schema, r *wire.Response) *dynamicpb.Message {
 	if len(r.Body) > 0 {
 		set(m, "body", r.Body)
 	}
-	if r.ID != "" {
-		set(m, "id", r.ID)
-	}
+	set(m, "id", r.ID)
 	if r.EOF {
 		set(m, "eof", true)
 	}
@@ -639,6 +632,11 @@ func TestStatusCodePresence(t *testing.T) {
 				t.Errorf("wire decoded HasStatus=%v StatusCode=%d, want %v %d", got.HasStatus, got.StatusCode, c.set, c.code)
 			}
 
+			// wire.Marshal also writes the id, always.
+			set(m, "id", "")
+			if ref, err = (proto.MarshalOptions{Deterministic: true}).Marshal(m); err != nil {
+				t.Fatal(err)
+			}
 			b := (&wire.Response{HasStatus: c.set, StatusCode: c.code}).Marshal()
 			if !bytes.Equal(b, ref) {
 				t.Errorf("wire.Marshal = %x, want %x", b, ref)
