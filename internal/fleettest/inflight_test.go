@@ -2,6 +2,8 @@ package fleettest
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // stallingBackend holds the first GET and every POST until their agent's
@@ -137,5 +140,81 @@ func TestInFlightThroughDeadHolder(t *testing.T) {
 	}
 	if !entry.Node.Vetoed(holder.Node.Fleet().ID()) {
 		t.Error("the relay that lost its forwards did not veto the dead holder")
+	}
+}
+
+// TestInFlightOnDyingTunnel gives a device two agents on one relay, one of
+// which dies under the first request it takes: a GET it took is sent once
+// more, to the other agent, and answered; a POST it took fails with a 502
+// and never reaches the other agent.
+func TestInFlightOnDyingTunnel(t *testing.T) {
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		t.Run(method, func(t *testing.T) {
+			r := StartRelay(t)
+			b := newBackend(t, "b1")
+			tok := r.Token(t, auth.KindAgent, "", "dev")
+			StartAgent(t, r, "dev", b.URL, tok)
+			r.WaitDevice(t, "dev")
+
+			ctx, cancel := context.WithCancel(context.Background())
+			conn, err := tunnel.Dial(ctx, tunnel.DialConfig{Relay: mustParse(t, r.URL), Device: "dev", Token: tok}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var died atomic.Bool
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				tunnel.Serve(ctx, conn, http.HandlerFunc(func(_ http.ResponseWriter, req *http.Request) {
+					died.Store(true)
+					conn.Close() // the agent dies with the request in flight
+					<-req.Context().Done()
+				}), testLiveness)
+			}()
+			defer func() { cancel(); <-served }()
+			Eventually(t, 5*time.Second, func() error {
+				if n := r.Node.TunnelSessions(); n != 2 {
+					return fmt.Errorf("%d tunnels, want 2", n)
+				}
+				return nil
+			})
+
+			user := r.Token(t, auth.KindUser, "u")
+			c := NewClient(t, true)
+			answered := int64(0)
+			for i := 0; !died.Load(); i++ {
+				if i == 50 {
+					t.Fatal("no request reached the dying agent")
+				}
+				var payload io.Reader
+				if method == http.MethodPost {
+					payload = strings.NewReader("payload") // a GET with a body the relay cannot send again would not be replayed
+				}
+				req, err := http.NewRequest(method, r.URL+"/client/dev/echo/x", payload)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Authorization", "Bearer "+user)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				switch {
+				case resp.StatusCode == http.StatusOK:
+					answered++
+				case method == http.MethodPost && died.Load() && resp.StatusCode == http.StatusBadGateway:
+				default:
+					t.Fatalf("%s %d (an agent died: %v): %d %s", method, i, died.Load(), resp.StatusCode, body)
+				}
+			}
+			if method == http.MethodPost && answered != b.hits.Load() {
+				t.Errorf("%d POSTs answered, the backend saw %d: the lost one was sent again", answered, b.hits.Load())
+			}
+			if method == http.MethodGet && answered != b.hits.Load() {
+				t.Errorf("%d GETs answered, the backend saw %d", answered, b.hits.Load())
+			}
+		})
 	}
 }
