@@ -116,6 +116,7 @@ func TestInFlightThroughDeadHolder(t *testing.T) {
 		}
 	}
 
+	killed := time.Now()
 	holder.Node.Fleet().Abandon()
 	holder.Node.Close()
 
@@ -123,6 +124,7 @@ func TestInFlightThroughDeadHolder(t *testing.T) {
 		t.Errorf("the stream begun through the dead holder ended cleanly (%q); want it broken off", rest)
 	}
 	g, p := <-get, <-post
+	t.Logf("the GET answered and the POST failed within %s of the kill", time.Since(killed).Round(time.Millisecond))
 	if g.err != nil || g.status != http.StatusOK || g.body != "the GET again" {
 		t.Errorf("GET in flight at the dead holder: %d %q, %v; want 200 from the device's new holder", g.status, g.body, g.err)
 	}
