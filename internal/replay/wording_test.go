@@ -30,6 +30,14 @@ func TestLibraryWording(t *testing.T) {
 		_, err := cc.RoundTrip(get(t, "http://dev/"))
 		expect(t, err, textUnusable, Unopened)
 	})
+	t.Run("x/net: a graceful GOAWAY below the request's stream", func(t *testing.T) {
+		cc := xnetConn(t, dialPeer(t, func(fr *http2.Framer, _ uint32, c net.Conn) {
+			fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+			io.Copy(io.Discard, c)
+		}))
+		_, err := cc.RoundTrip(get(t, "http://dev/"))
+		expect(t, err, textGotGoAway, Unopened)
+	})
 	t.Run("x/net: closed by this side with the request in flight", func(t *testing.T) {
 		inFlight := make(chan struct{})
 		cc := xnetConn(t, dialPeer(t, func(*http2.Framer, uint32, net.Conn) {
@@ -38,6 +46,19 @@ func TestLibraryWording(t *testing.T) {
 		go func() { <-inFlight; cc.Close() }()
 		_, err := cc.RoundTrip(get(t, "http://dev/"))
 		expect(t, err, textForceClosed, Lost)
+	})
+	t.Run("x/net: pings unanswered", func(t *testing.T) {
+		c := dialPeer(t, func(_ *http2.Framer, _ uint32, c net.Conn) {
+			io.Copy(io.Discard, c)
+		})
+		tr := &http2.Transport{AllowHTTP: true, ReadIdleTimeout: 20 * time.Millisecond, PingTimeout: 20 * time.Millisecond}
+		cc, err := tr.NewClientConn(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		_, err = cc.RoundTrip(get(t, "http://dev/"))
+		expect(t, err, textConnLost, Lost)
 	})
 	t.Run("net/http: a GOAWAY and a close", func(t *testing.T) {
 		addr := peer(t, func(fr *http2.Framer, id uint32, c net.Conn) {
