@@ -8,16 +8,19 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strconv"
-	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/replay"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -28,8 +31,9 @@ type Holders func(device, exclude string) (fleet.Target, bool)
 // device is held: through this relay's own agents when it has them (or is
 // the holder and waits for one), else one hop to the holder, signed with the
 // peer secret so that the holder trusts this relay's check of the user.
-// A forward that cannot reach the holder vetoes it at once and goes to the
-// next relay in the ranking.
+// A forward that cannot reach the holder, or loses its connection to it,
+// vetoes it at once and goes to the next relay in the ranking; a request
+// lost on the way (see decide) goes there only when it may be repeated.
 type Fleet struct {
 	Local   *Local
 	Holders Holders
@@ -118,15 +122,19 @@ func (f *Fleet) transport(scheme string, upgrade bool) *http.Transport {
 const MaxHops = 2
 
 // RoundTrip implements http.RoundTripper for requests whose URL host is the
-// device name.
+// device name. A failed attempt is followed as decide says: a request that
+// never left goes elsewhere, one lost on the way to the device (its
+// holder, or its agent's tunnel here, died before answering) is sent once
+// more to wherever the device is now when it may be repeated.
 func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
 	hops, _ := f.Hops(req.Context())
 	exclude := ""
 	ticket, carry := access.TicketFrom(req.Context())
 	spend := carry && f.Spend != nil
-	retried := false
-	for attempt := 0; attempt < 4; attempt++ {
+	var st attempts
+	req = noteInformed(req, &st.informed)
+	for range 4 {
 		if f.HasAgent(device) {
 			if spend {
 				if err := f.Spend(ticket); err != nil {
@@ -135,11 +143,16 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 				spend, carry = false, false // spent here: no other relay spends it again
 			}
 			resp, err := f.Local.RoundTrip(req)
-			if !undispatched(err) {
+			switch {
+			case undispatched(err):
+				// The agent left between the check and the dispatch, and
+				// nothing was sent: look again, here and in the fleet.
+			case err != nil && decide(replay.Classify(err), req, &st, true) == replayElsewhere:
+				st.replayed = true // to another agent here, or wherever the device went
+				continue
+			default:
 				return resp, err
 			}
-			// The agent left between the check and the dispatch, and
-			// nothing was sent: look again, here and in the fleet.
 		}
 		t, ok := f.Holders(device, exclude)
 		if !ok || t.Self || t.Address == "" || hops >= MaxHops {
@@ -165,21 +178,84 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 		if f.OnForward != nil {
 			f.OnForward(t.ID, err)
 		}
-		if err != nil && !retried && unestablished(err) && tunnel.RewindBody(req) {
+		if err == nil {
+			return resp, nil
+		}
+		fail := replay.Classify(err)
+		if fail == replay.Refused || fail == replay.Lost {
+			// The holder refused the connection or dropped it: take it out
+			// of routing now rather than after the watchdog's probes.
+			f.Veto(t.ID, err)
+		}
+		switch decide(fail, req, &st, false) {
+		case again:
 			// A new connection to the holder died before it carried the
-			// request: nothing was sent, and the holder may be fine (one
-			// busy taking a drain's agents). Try once more.
-			retried = true
-			continue
+			// request: the holder may be fine (one busy taking a drain's
+			// agents). Try once more.
+			st.reopened = true
+		case elsewhere:
+			exclude = t.ID
+		case replayElsewhere:
+			st.replayed = true
+			exclude = t.ID
+		default:
+			return nil, err
 		}
-		if err == nil || !unreachable(err) || !tunnel.RewindBody(req) {
-			return resp, err
-		}
-		// The holder is gone: veto it and ask the ranking again.
-		f.Veto(t.ID, err)
-		exclude = t.ID
 	}
 	return nil, broker.NoAgentError(device)
+}
+
+// action is what RoundTrip does after an attempt failed.
+type action uint8
+
+const (
+	giveUp          action = iota // the error goes to the user
+	again                         // the same holder once more: nothing was sent
+	elsewhere                     // the ranking's next choice: nothing was sent
+	replayElsewhere               // once more, wherever the device is now: it may have been sent
+)
+
+// attempts is what a request has spent of its second chances.
+type attempts struct {
+	reopened bool        // sent again after a new connection closed unused
+	replayed bool        // sent again after it was lost on the way
+	informed atomic.Bool // a 1xx answer went on to the user
+}
+
+// decide says what follows an attempt that failed so, local when the
+// attempt went to this relay's own agents. A request that never left moves
+// (its body rewound); one that may have reached the device moves once, and
+// only when it may be repeated (replay.Repeatable) and its user has had no
+// byte of an answer: a response already under way is never replayed, which
+// RoundTrip ensures by deciding only failures without a response, and a
+// 1xx passed on counts. Anything else — a cancelled user, a bad request,
+// an error not of the connection — is the user's answer.
+func decide(fail replay.Failure, req *http.Request, st *attempts, local bool) action {
+	switch {
+	case fail.Sent():
+		if st.replayed || st.informed.Load() || !replay.Repeatable(req) {
+			return giveUp
+		}
+		return replayElsewhere
+	case local:
+		return giveUp // the tunnel pool has moved what was not sent
+	case fail == replay.Unopened && !st.reopened && replay.Rewind(req):
+		return again
+	case fail == replay.Refused && replay.Rewind(req):
+		return elsewhere
+	}
+	return giveUp
+}
+
+// noteInformed returns req with a trace that sets informed when an
+// informational (1xx) answer arrives, which the reverse proxy passes on to
+// the user.
+func noteInformed(req *http.Request, informed *atomic.Bool) *http.Request {
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(int, textproto.MIMEHeader) error {
+		informed.Store(true)
+		return nil
+	}}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 }
 
 // undispatched reports whether err means that no agent was there to take
@@ -259,24 +335,6 @@ func (e *forwardError) Unwrap() error { return e.err }
 // HTTPStatus makes a failed forward a 502 for the user.
 func (e *forwardError) HTTPStatus() int { return http.StatusBadGateway }
 
-// unestablished reports whether err says that the HTTP/2 connection made
-// for a forward closed before its first request went out (net/http's
-// unexported errClientConnNotEstablished): the request was not sent.
-func unestablished(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "http2: client conn could not be established")
-}
-
-// unreachable reports whether err means the request never reached the peer:
-// refused, reset or unroutable at connect time.
-func unreachable(err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return true
-	}
-	s := err.Error()
-	return strings.Contains(s, "connection refused") || strings.Contains(s, "no route to host")
-}
-
 // ProxyTo returns a handler that forwards an agent's call about device, as
 // it is, to the relay t, signed so that t serves it rather than forwarding
 // it again. Long-poll agents may poll any relay; their calls all meet at
@@ -300,7 +358,7 @@ func (f *Fleet) ProxyTo(t fleet.Target, device string) http.Handler {
 			if r.Context().Err() != nil {
 				return
 			}
-			if unreachable(err) {
+			if replay.Classify(err) == replay.Refused {
 				f.Veto(t.ID, err)
 			}
 			http.Error(w, fmt.Sprintf("relay %s, which holds the device, did not answer: %v", t.ID, err), http.StatusBadGateway)

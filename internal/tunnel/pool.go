@@ -12,11 +12,12 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
+
+	"github.com/switchboard-relay/switchboard/internal/replay"
 )
 
 // ErrNoSession means no tunnel for the device is connected to this relay.
@@ -423,8 +424,11 @@ func (p *Pool) WaitEmpty(ctx context.Context) error {
 
 // RoundTrip sends req to a tunnel of the device named by req.URL.Host. A
 // session that fails before the request left moves it to the next session;
-// with none left it returns ErrNoSession. When every session is at its cap
-// of requests in flight it returns a *BusyError (503) at once.
+// with none left it returns ErrNoSession. A request lost with its session
+// (the connection died before any answer) comes back with the session's
+// error: whether it may be sent again, and where, is its router's call
+// (package replay). When every session is at its cap of requests in
+// flight it returns a *BusyError (503) at once.
 func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
 	var tried map[*Session]bool
@@ -442,7 +446,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		s.inflight.Add(-1)
-		if !unsent(err, req) && !lostIdempotent(err, req) {
+		if !unsent(err, req) {
 			return nil, err
 		}
 		if tried == nil {
@@ -453,73 +457,13 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // unsent reports whether err means that req never reached the agent, so
-// that another session may take it as it is.
+// that another session may take it, its body rewound.
 func unsent(err error, req *http.Request) bool {
-	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
-		// A body already read in part cannot be sent again; only an
-		// unusable connection is safe to skip.
-		return errors.Is(err, http2.ErrNoCachedConn)
+	if errors.Is(err, http2.ErrNoCachedConn) {
+		return true // refused before anything of req was read
 	}
-	// x/net keeps these errors unexported.
-	return errors.Is(err, http2.ErrNoCachedConn) || err.Error() == errClientConnUnusable || err.Error() == errClientConnNotEstablished
+	return replay.Classify(err) == replay.Unopened && replay.Rewind(req)
 }
-
-// lostIdempotent reports whether err means that the agent's connection
-// closed, or was given up, with req in flight and no answer, and req may
-// be sent again: the connection may have died before the request left or
-// after the agent took it, so only a request that may be repeated is (RFC
-// 9110, section 9.2.2): a safe method or one with an Idempotency-Key, no
-// upgrade, and a body that can be had again, which it rewinds. An agent
-// that moves or dies then costs such requests a retry, not a 502.
-func lostIdempotent(err error, req *http.Request) bool {
-	if !(err.Error() == errClientConnLost || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)) {
-		return false
-	}
-	switch req.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-	default:
-		if req.Header.Get("Idempotency-Key") == "" {
-			return false
-		}
-	}
-	if req.Header.Get("Upgrade") != "" || req.Context().Err() != nil {
-		return false
-	}
-	return RewindBody(req)
-}
-
-// RewindBody makes req's body ready to be sent again and reports whether it
-// could: a request without a body can always be sent again, one with a body
-// only when GetBody gives it anew.
-func RewindBody(req *http.Request) bool {
-	if req.Body == nil || req.Body == http.NoBody {
-		return true
-	}
-	if req.GetBody == nil {
-		return false
-	}
-	body, err := req.GetBody()
-	if err != nil {
-		return false
-	}
-	req.Body = body
-	return true
-}
-
-// errClientConnLost is the text of x/net's error for a connection that
-// died with streams in flight (unexported there).
-const errClientConnLost = "http2: client connection lost"
-
-// errClientConnUnusable is the text of x/net's error for a request refused
-// before it was sent because the connection takes no new streams (after a
-// GOAWAY): safe to send on another session.
-const errClientConnUnusable = "http2: client conn not usable"
-
-// errClientConnNotEstablished is the text of x/net's error for the first
-// request of a connection that closed before the request was sent (a
-// tunnel that died as it opened): safe to send on another session.
-const errClientConnNotEstablished = "http2: client conn could not be established"
 
 // countedBody counts a request as in flight until its response body closes.
 type countedBody struct {
