@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/limit"
 )
 
 // Paths of the admin page, a server-rendered view of the fleet for people.
@@ -187,12 +188,13 @@ func (p *adminPage) login(w http.ResponseWriter, r *http.Request) {
 		p.render(w, http.StatusBadRequest, "signin", signInView{pageHead: head("Sign in"), Message: "The sign-in form could not be read: " + err.Error()})
 		return
 	}
-	if err := p.h.checkBackoff(r); err != nil {
+	pr, err := p.h.authenticate(r, func() (auth.Principal, error) {
+		return tokens.AuthenticateKind(strings.TrimSpace(r.PostForm.Get("token")), auth.KindAdmin)
+	})
+	if errors.Is(err, limit.ErrTooManyFailures) {
 		p.render(w, http.StatusTooManyRequests, "signin", signInView{pageHead: head("Sign in"), Message: err.Error() + "."})
 		return
 	}
-	pr, err := tokens.AuthenticateKind(strings.TrimSpace(r.PostForm.Get("token")), auth.KindAdmin)
-	p.h.noteAuth(r, err)
 	if err != nil {
 		status, msg := http.StatusUnauthorized, "Invalid admin token (unknown, revoked or mistyped): "+adminTokenHint+"."
 		switch {
