@@ -222,6 +222,10 @@ func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	if errors.Is(err, auth.ErrUnavailable) {
+		writeError(w, http.StatusServiceUnavailable, "no token was created: this relay cannot reach NATS, where tokens are kept; try again once it can ("+err.Error()+")")
+		return
+	}
 	if err != nil {
 		h.log.Error("creating a token", attrError, err)
 		writeError(w, http.StatusInternalServerError, "creating the token failed: "+err.Error())
