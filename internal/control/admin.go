@@ -252,7 +252,7 @@ func (p *adminPage) setDraining(draining bool) func(http.ResponseWriter, *http.R
 		defer cancel()
 		err := fmt.Errorf("relay %q: %w", id, fleet.ErrNotFound)
 		if fleet.ValidRelayID(id) {
-			err = f.SetRelayDraining(ctx, id, draining)
+			_, err = p.h.setDraining(ctx, id, draining, DrainRequest{}, false)
 		}
 		if err != nil {
 			status, msg := drainFailure(id, err)
@@ -268,6 +268,9 @@ func (p *adminPage) setDraining(draining bool) func(http.ResponseWriter, *http.R
 
 // drainFailure is the status and message of a failed drain or undrain.
 func drainFailure(id string, err error) (int, string) {
+	if errors.Is(err, errDrainRefused) {
+		return http.StatusConflict, fmt.Sprintf("Relay %s was not drained: %v. To drain it anyway, run 'switchboard ctl relays drain --force %s'.", id, err, id)
+	}
 	if errors.Is(err, fleet.ErrNotFound) {
 		return http.StatusNotFound, fmt.Sprintf("No relay has id %q. It may have been removed from the fleet; the admin page lists the relays known now.", id)
 	}

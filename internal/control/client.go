@@ -142,15 +142,25 @@ func (c *Client) ListRelays(ctx context.Context) ([]fleet.RelayStatus, error) {
 	return out, err
 }
 
-// SetRelayDraining drains (true) or undrains (false) the relay with the
-// given id. An unknown id yields an *APIError with Status 404.
+// SetRelayDraining drains (true, guarded) or undrains (false) the relay
+// with the given id. An unknown id yields an *APIError with Status 404, a
+// drain the guards refuse one with Status 409; see DrainRelay.
 func (c *Client) SetRelayDraining(ctx context.Context, id string, draining bool) (DrainAnswer, error) {
-	verb := "/undrain"
 	if draining {
-		verb = "/drain"
+		return c.DrainRelay(ctx, id, DrainRequest{})
 	}
 	var out DrainAnswer
-	err := c.do(ctx, http.MethodPost, PathRelays+"/"+url.PathEscape(id)+verb, nil, http.StatusOK, &out)
+	err := c.do(ctx, http.MethodPost, PathRelays+"/"+url.PathEscape(id)+"/undrain", nil, http.StatusOK, &out)
+	return out, err
+}
+
+// DrainRelay drains the relay with the given id as req asks: guarded,
+// forced, or only checked (DryRun). A drain the guards refuse (the last
+// relay serving, no room on the others) yields an *APIError with Status
+// 409 whose message says why and what to do.
+func (c *Client) DrainRelay(ctx context.Context, id string, req DrainRequest) (DrainAnswer, error) {
+	var out DrainAnswer
+	err := c.do(ctx, http.MethodPost, PathRelays+"/"+url.PathEscape(id)+"/drain", req, http.StatusOK, &out)
 	return out, err
 }
 

@@ -14,7 +14,7 @@ import (
 
 // Paths of the fleet part of the operator API.
 const (
-	PathRelays  = "/api/v1/relays"  // GET; /{id}; POST /{id}/drain, /{id}/undrain
+	PathRelays  = "/api/v1/relays"  // GET; /{id}; POST /{id}/drain (DrainRequest), /{id}/undrain
 	PathDevices = "/api/v1/devices" // GET; /{name}; POST /{name}/cancel
 	PathEvents  = "/api/v1/events"  // GET ?limit=N; ?follow=1 streams NDJSON
 	PathStatus  = "/api/v1/status"  // GET
@@ -30,6 +30,7 @@ type Fleet interface {
 	Relays() []fleet.RelayStatus
 	Relay(id string) (fleet.RelayStatus, error)
 	SetRelayDraining(ctx context.Context, id string, draining bool) error
+	Record(e fleet.Event)
 	Devices() []fleet.DeviceStatus
 	Device(name string) (fleet.DeviceLink, error)
 	Events(ctx context.Context, n int) ([]fleet.Event, error)
@@ -68,12 +69,6 @@ type UserDevice struct {
 	Name  string `json:"name"`
 	State string `json:"state"`
 	Fresh bool   `json:"fresh"`
-}
-
-// DrainAnswer answers POST /api/v1/relays/{id}/drain and /undrain.
-type DrainAnswer struct {
-	ID       string `json:"id"`
-	Draining bool   `json:"draining"`
 }
 
 func (h *handler) routeFleet(mux *http.ServeMux) {
@@ -121,17 +116,6 @@ func (h *handler) showRelay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, rs)
-}
-
-func (h *handler) drainRelay(draining bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		id := r.PathValue("id")
-		if err := h.cfg.Fleet.SetRelayDraining(r.Context(), id, draining); err != nil {
-			writeFleetError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, DrainAnswer{ID: id, Draining: draining})
-	}
 }
 
 func (h *handler) listDevices(w http.ResponseWriter, _ *http.Request, p auth.Principal) {
