@@ -172,10 +172,26 @@ func (r *roller) run(ctx context.Context) error {
 
 // checkGuards asks the relays' drain guards whether relay id may be held
 // out of routing now, without holding it: it may not when it is the last
-// relay serving or when the other relays cannot take its devices.
+// relay serving or when the other relays cannot take its devices. A relay
+// of an earlier version answering has no guards: the same guard is then
+// applied here, to its list of relays.
 func (r *roller) checkGuards(ctx context.Context, id string) error {
-	_, err := r.c.DrainRelay(ctx, id, control.DrainRequest{DryRun: true})
-	return r.refused(id, err)
+	_, err := r.c.CheckDrain(ctx, id)
+	if !errors.Is(err, control.ErrNoDrainGuards) {
+		return r.refused(id, err)
+	}
+	relays, err := r.c.ListRelays(ctx)
+	if err != nil {
+		return r.g.explain(err)
+	}
+	refusal, _, err := control.DrainGuard(relays, id)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: relay %s is not in the fleet any more", errRollRefused, id)
+	case refusal != "":
+		return fmt.Errorf("%w: %s", errRollRefused, refusal)
+	}
+	return nil
 }
 
 // refused marks a drain the guards refused as errRollRefused.
@@ -208,8 +224,14 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	if before == nil {
 		return fmt.Errorf("%w: it is not in the fleet any more", errRollRefused)
 	}
-	// The relays guard the drain: refused, nothing is held. A roll resumed
-	// past the hold finds the relay drained already, which passes.
+	if resumeAt == "" || resumeAt == fleet.RollHold {
+		if err := r.checkGuards(ctx, id); err != nil {
+			return err
+		}
+	}
+	// The relay answering guards the drain itself too; refused, nothing is
+	// held. A roll resumed past the hold finds the relay drained already,
+	// which passes.
 	if _, err := r.c.SetRelayDraining(ctx, id, true); err != nil {
 		return r.refused(id, err)
 	}

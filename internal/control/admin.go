@@ -252,7 +252,7 @@ func (p *adminPage) setDraining(draining bool) func(http.ResponseWriter, *http.R
 		defer cancel()
 		err := fmt.Errorf("relay %q: %w", id, fleet.ErrNotFound)
 		if fleet.ValidRelayID(id) {
-			_, err = p.h.setDraining(ctx, id, draining, DrainRequest{}, false)
+			_, err = p.h.setDraining(ctx, id, draining, DrainRequest{}, false, false)
 		}
 		if err != nil {
 			status, msg := drainFailure(id, err)

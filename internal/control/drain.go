@@ -18,18 +18,16 @@ type DrainRequest struct {
 	// Force drains the relay even when the guards refuse: it is the last
 	// relay serving, or the others have no room for its devices.
 	Force bool `json:"force,omitempty"`
-	// DryRun only checks the guards, without draining: 200 if the drain
-	// would be done, 409 if not. A rolling update asks this before it
-	// starts.
-	DryRun bool `json:"dry_run,omitempty"`
 }
 
-// DrainAnswer answers POST /api/v1/relays/{id}/drain and /undrain.
+// DrainAnswer answers POST /api/v1/relays/{id}/drain and /undrain, and
+// GET /api/v1/relays/{id}/drain, which only asks the guards.
 type DrainAnswer struct {
 	ID       string `json:"id"`
 	Draining bool   `json:"draining"`
-	// DryRun says that nothing was changed: the drain would be done.
-	DryRun bool `json:"dry_run,omitempty"`
+	// Check says that nothing was changed: the answer to a GET, the drain
+	// would be done.
+	Check bool `json:"check,omitempty"`
 	// Warning says, for a drain that a guard would have refused (forced, or
 	// of a relay already draining), what happens to devices meanwhile.
 	Warning string `json:"warning,omitempty"`
@@ -54,13 +52,13 @@ func (e *drainRefusal) Error() string {
 
 func (e *drainRefusal) Unwrap() error { return errDrainRefused }
 
-// drainGuard decides on draining relay id, given the fleet's relays. It
+// DrainGuard decides on draining relay id, given the fleet's relays. It
 // returns a non-empty refusal when the drain would leave devices nowhere to
 // go, and the consequence: what happens to devices if the drain is done
 // anyway. A relay that is not serving (stale, unhealthy, stopping) or
 // already draining moves nothing by being drained: it is never refused,
 // but the consequence still says where its devices stand.
-func drainGuard(relays []fleet.RelayStatus, id string) (refusal, consequence string, err error) {
+func DrainGuard(relays []fleet.RelayStatus, id string) (refusal, consequence string, err error) {
 	var target *fleet.RelayStatus
 	siblings, room, unlimited := 0, 0, false
 	for i := range relays {
@@ -112,20 +110,21 @@ func devices(n int) string {
 
 // setDraining drains (guarded as req says) or undrains relay id: the one
 // path of the API, the admin page and, through the API, ctl and its
-// rolling update. A refused drain yields a *drainRefusal.
-func (h *handler) setDraining(ctx context.Context, id string, draining bool, req DrainRequest, byAPI bool) (DrainAnswer, error) {
+// rolling update. A refused drain yields a *drainRefusal; check only asks
+// the guards.
+func (h *handler) setDraining(ctx context.Context, id string, draining bool, req DrainRequest, check, byAPI bool) (DrainAnswer, error) {
 	f := h.cfg.Fleet
-	answer := DrainAnswer{ID: id, Draining: draining, DryRun: req.DryRun}
+	answer := DrainAnswer{ID: id, Draining: draining, Check: check}
 	if draining {
-		refusal, consequence, err := drainGuard(f.Relays(), id)
+		refusal, consequence, err := DrainGuard(f.Relays(), id)
 		if err != nil {
 			return DrainAnswer{}, err
 		}
 		if refusal != "" && !req.Force {
-			return DrainAnswer{}, &drainRefusal{id: id, reason: refusal, hint: byAPI && !req.DryRun}
+			return DrainAnswer{}, &drainRefusal{id: id, reason: refusal, hint: byAPI && !check}
 		}
 		answer.Warning = consequence
-		if req.DryRun {
+		if check {
 			return answer, nil
 		}
 		if err := f.SetRelayDraining(ctx, id, true); err != nil {
@@ -137,22 +136,24 @@ func (h *handler) setDraining(ctx context.Context, id string, draining bool, req
 		}
 		return answer, nil
 	}
-	if req.DryRun {
-		return answer, nil
-	}
 	return answer, f.SetRelayDraining(ctx, id, false)
 }
 
-// drainRelay answers POST /api/v1/relays/{id}/drain and /undrain.
-func (h *handler) drainRelay(draining bool) http.HandlerFunc {
+// drainRelay answers POST /api/v1/relays/{id}/drain and /undrain, and, with
+// check, GET /api/v1/relays/{id}/drain: would the drain be done now? A
+// rolling update asks this before it starts. (A relay of an earlier version
+// has no drain guards and answers that GET 405.)
+func (h *handler) drainRelay(draining, check bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req DrainRequest
-		if err := decodeOptionalJSON(w, r, &req); err != nil {
-			writeErr(w, err)
-			return
+		if !check {
+			if err := decodeOptionalJSON(w, r, &req); err != nil {
+				writeErr(w, err)
+				return
+			}
 		}
 		id := r.PathValue("id")
-		answer, err := h.setDraining(r.Context(), id, draining, req, true)
+		answer, err := h.setDraining(r.Context(), id, draining, req, check, true)
 		var refused *drainRefusal
 		if errors.As(err, &refused) {
 			writeError(w, http.StatusConflict, err.Error())

@@ -41,7 +41,7 @@ func TestDrainGuard(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			refusal, result, err := drainGuard(tt.relays, "rl-1")
+			refusal, result, err := DrainGuard(tt.relays, "rl-1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -53,13 +53,13 @@ func TestDrainGuard(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := drainGuard(nil, "rl-1"); !errors.Is(err, fleet.ErrNotFound) {
+	if _, _, err := DrainGuard(nil, "rl-1"); !errors.Is(err, fleet.ErrNotFound) {
 		t.Errorf("unknown relay: %v", err)
 	}
 }
 
 // TestDrainAPIGuards: the API refuses to drain the last relay serving with
-// 409 and what to do, a dry run answers the same without draining, and
+// 409 and what to do, a GET answers the same without draining, and
 // force drains it, saying what happens to new devices.
 func TestDrainAPIGuards(t *testing.T) {
 	f := newAdminFixture(t)
@@ -76,9 +76,12 @@ func TestDrainAPIGuards(t *testing.T) {
 			t.Fatalf("draining the last relay serving (body %q): %d %s", body, status, msg)
 		}
 	}
-	status, answer := c.call(t, http.MethodPost, path, f.admin, `{"dry_run": true}`)
-	if msg := decodeError(t, answer); status != http.StatusConflict || strings.Contains(msg, "--force") {
-		t.Fatalf("dry run: %d %s", status, msg)
+	status, answer := c.call(t, http.MethodGet, path, f.admin, "")
+	if msg := decodeError(t, answer); status != http.StatusConflict || !strings.Contains(msg, "is the last relay serving") || strings.Contains(msg, "--force") {
+		t.Fatalf("GET, the check: %d %s", status, msg)
+	}
+	if status, answer := c.call(t, http.MethodGet, PathRelays+"/rl-00000002/drain", f.admin, ""); status != http.StatusOK || !strings.Contains(answer, `"check": true`) {
+		t.Fatalf("GET, the check, of a drained relay: %d %s", status, answer)
 	}
 	if status, answer := c.call(t, http.MethodPost, path, f.admin, `{"force": 1}`); status != http.StatusBadRequest {
 		t.Fatalf("a malformed body: %d %s", status, answer)

@@ -14,7 +14,7 @@ import (
 
 // Paths of the fleet part of the operator API.
 const (
-	PathRelays  = "/api/v1/relays"  // GET; /{id}; POST /{id}/drain (DrainRequest), /{id}/undrain
+	PathRelays  = "/api/v1/relays"  // GET; /{id}; GET, POST /{id}/drain (DrainRequest); POST /{id}/undrain
 	PathDevices = "/api/v1/devices" // GET; /{name}; POST /{name}/cancel
 	PathEvents  = "/api/v1/events"  // GET ?limit=N; ?follow=1 streams NDJSON
 	PathStatus  = "/api/v1/status"  // GET
@@ -74,8 +74,9 @@ type UserDevice struct {
 func (h *handler) routeFleet(mux *http.ServeMux) {
 	mux.Handle("GET "+PathRelays, h.admin(h.fleetOnly(h.listRelays)))
 	mux.Handle("GET "+PathRelays+"/{id}", h.admin(h.fleetOnly(h.showRelay)))
-	mux.Handle("POST "+PathRelays+"/{id}/drain", h.admin(h.fleetOnly(h.drainRelay(true))))
-	mux.Handle("POST "+PathRelays+"/{id}/undrain", h.admin(h.fleetOnly(h.drainRelay(false))))
+	mux.Handle("GET "+PathRelays+"/{id}/drain", h.admin(h.fleetOnly(h.drainRelay(true, true))))
+	mux.Handle("POST "+PathRelays+"/{id}/drain", h.admin(h.fleetOnly(h.drainRelay(true, false))))
+	mux.Handle("POST "+PathRelays+"/{id}/undrain", h.admin(h.fleetOnly(h.drainRelay(false, false))))
 	mux.Handle("GET "+PathDevices, h.adminOrUser(h.fleetOnlyP(h.listDevices)))
 	mux.Handle("GET "+PathDevices+"/{name}", h.adminOrUser(h.fleetOnlyP(h.showDevice)))
 	mux.Handle("POST "+PathDevices+"/{name}/cancel", h.admin(h.fleetOnly(h.cancelDevice)))
