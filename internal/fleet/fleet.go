@@ -85,26 +85,27 @@ type Attachment struct {
 
 // Event types.
 const (
-	EventRelayEnrolled = "relay.enrolled"
-	EventRelayDraining = "relay.draining"
-	// EventRelayDrainForced follows EventRelayDraining when an operator
-	// forced a drain that the guards refused; it says where devices go.
-	EventRelayDrainForced = "relay.drain_forced"
-	EventRelayStopping    = "relay.stopping"
-	EventRelayUndrained   = "relay.undrained"
-	EventRelayStale       = "relay.stale"
-	EventRelayFresh       = "relay.fresh"
-	EventRelayLost        = "relay.lost"
-	EventRelayReaped      = "relay.reaped"
-	EventDeviceAttached   = "device.attached"
-	EventDeviceMoved      = "device.moved"
-	EventDeviceDetached   = "device.detached"
-	EventDeviceReaped     = "device.reaped"
-	EventLeaseTaken       = "housekeeping.lease"
-	EventSecretMismatch   = "secret.mismatch" // a relay runs another fleet secret than the fleet
-	EventSecretParity     = "secret.parity"   // a relay no longer does
-	EventSecretRotation   = "secret.rotation" // a step of a rotation, or an old secret dropped
+	EventRelayEnrolled  = "relay.enrolled"
+	EventRelayDraining  = "relay.draining"
+	EventRelayStopping  = "relay.stopping"
+	EventRelayUndrained = "relay.undrained"
+	EventRelayStale     = "relay.stale"
+	EventRelayFresh     = "relay.fresh"
+	EventRelayLost      = "relay.lost"
+	EventRelayReaped    = "relay.reaped"
+	EventDeviceAttached = "device.attached"
+	EventDeviceMoved    = "device.moved"
+	EventDeviceDetached = "device.detached"
+	EventDeviceReaped   = "device.reaped"
+	EventLeaseTaken     = "housekeeping.lease"
+	EventSecretMismatch = "secret.mismatch" // a relay runs another fleet secret than the fleet
+	EventSecretParity   = "secret.parity"   // a relay no longer does
+	EventSecretRotation = "secret.rotation" // a step of a rotation, or an old secret dropped
 )
+
+// EventRelayDrainForced follows EventRelayDraining when an operator forced
+// a drain that the guards refused; it says where devices go.
+const EventRelayDrainForced = "relay.drain_forced"
 
 // Event is one entry of the fleet's event log (StreamEvents).
 type Event struct {
