@@ -13,7 +13,9 @@ import (
 
 // Create makes a new token as req asks and returns its secret, the full token
 // string the bearer presents, which is not kept anywhere. Errors in req wrap
-// ErrInvalidRequest.
+// ErrInvalidRequest; when NATS cannot be reached the error wraps
+// ErrUnavailable. A token exists exactly when Create succeeds: after any
+// other error, a write that still reaches NATS is undone (see withdraw).
 func (s *Store) Create(ctx context.Context, req CreateRequest) (secret string, tok Token, err error) {
 	req, err = req.normalize()
 	if err != nil {
@@ -25,17 +27,32 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (secret string, t
 			return "", Token{}, fmt.Errorf("auth: create token: %w", err)
 		}
 		tok := Token{ID: pt.id, Kind: req.Kind, Name: req.Name, Devices: req.Devices, CreatedAt: now()}
+		if s.known(tok.ID) {
+			continue // id collision: draw another
+		}
 		err = s.insert(ctx, tok, hashSecret(pt.secret))
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			continue // id collision: draw another
 		}
 		if err != nil {
-			return "", Token{}, fmt.Errorf("auth: create token: %w", err)
+			s.withdraw(tok.ID) // the write may still land: see withdraw
+			return "", Token{}, createError(err)
 		}
 		s.log.Info("token created", attrTokenID, tok.ID, attrKind, tok.Kind, attrName, tok.Name)
 		return pt.String(), cloneToken(tok), nil
 	}
 	return "", Token{}, fmt.Errorf("auth: create token: no free id after %d attempts", maxAttempts)
+}
+
+// known reports whether this relay has seen id used, so that Create does
+// not try it: a failed create withdraws its id, and must not withdraw
+// another token's.
+func (s *Store) known(id string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, seen := s.entries[id]
+	_, gone := s.withdrawn[id]
+	return seen || gone
 }
 
 // insert stores a token under a new key and caches it at once, so that this

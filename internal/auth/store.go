@@ -62,15 +62,19 @@ type Store struct {
 	kv  jetstream.KeyValue
 	log *slog.Logger
 
-	watchCtx    context.Context    // lives until Close; the watch ends with it
-	cancelWatch context.CancelFunc // ends watchCtx
-	watcher     jetstream.KeyWatcher
-	watchDone   chan struct{} // closed when the watch goroutine returns
-	closeOnce   sync.Once
+	watchCtx     context.Context    // lives until Close; the watch ends with it
+	cancelWatch  context.CancelFunc // ends watchCtx
+	watcher      jetstream.KeyWatcher
+	watchDone    chan struct{} // closed when the watch goroutine returns
+	deleteNow    chan struct{} // wakes withdrawLoop; capacity 1
+	withdrawDone chan struct{} // closed when withdrawLoop returns
+	closeOnce    sync.Once
 
-	mu       sync.RWMutex // guards the fields below
-	entries  map[string]entry
-	onRevoke []func(tokenID string)
+	mu        sync.RWMutex // guards the fields below
+	entries   map[string]entry
+	onRevoke  []func(tokenID string)
+	withdrawn map[string]struct{} // ids of failed creates, never to be active here; see withdraw
+	toDelete  []string            // withdrawn ids whose key is not deleted in NATS yet
 }
 
 // Open loads every token from kv, usually the bucket named Bucket, and starts
@@ -81,10 +85,13 @@ func Open(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) (*Sto
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{
-		kv:        kv,
-		log:       logger.With(attrComponent, "auth"),
-		watchDone: make(chan struct{}),
-		entries:   make(map[string]entry),
+		kv:           kv,
+		log:          logger.With(attrComponent, "auth"),
+		watchDone:    make(chan struct{}),
+		deleteNow:    make(chan struct{}, 1),
+		withdrawDone: make(chan struct{}),
+		entries:      make(map[string]entry),
+		withdrawn:    make(map[string]struct{}),
 	}
 	// The watch must outlive ctx, but Open must not outlive it.
 	s.watchCtx, s.cancelWatch = context.WithCancel(context.Background())
@@ -103,6 +110,7 @@ func Open(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) (*Sto
 		return nil, fmt.Errorf("auth: open bucket %s: %w", kv.Bucket(), err)
 	}
 	go s.watch()
+	go s.withdrawLoop()
 	return s, nil
 }
 
@@ -150,6 +158,7 @@ func (s *Store) Close() error {
 		s.cancelWatch()
 		_ = s.watcher.Stop() // fails only when the connection is already closed
 		<-s.watchDone
+		<-s.withdrawDone
 	})
 	return nil
 }
@@ -186,6 +195,9 @@ func (s *Store) apply(id string, c *cached, rev uint64) {
 	if seen && old.rev >= rev {
 		s.mu.Unlock()
 		return
+	}
+	if _, gone := s.withdrawn[id]; gone {
+		c = nil // a failed create that reached NATS after all: never active
 	}
 	next := entry{rev: rev, tok: c}
 	s.entries[id] = next

@@ -38,7 +38,8 @@ const ctlUsage = `usage: switchboard ctl [--admin URL] [--token-file PATH] [--ca
 
 commands:
   relays list           list the relays of the fleet, fresh or not
-  relays drain ID       hold a relay out of routing: its devices move to the others, nothing is cut
+  relays drain ID       hold a relay out of routing: its devices move to the others, nothing is cut;
+                        refused for the last relay serving or without room elsewhere, unless --force
   relays undrain ID     let a drained relay take devices again
   devices list          list the devices in the directory and the relays holding them
   devices show NAME     show one device and its relay

@@ -149,6 +149,10 @@ func relaysDrain(ctx context.Context, g *ctlGlobals, args []string, draining boo
 	name := "ctl relays " + verb
 	fs := newFlagSet(name, stderr)
 	g.register(fs)
+	var force bool
+	if draining {
+		fs.BoolVar(&force, "force", false, "drain even the last relay serving, or one whose devices the others have no room for")
+	}
 	ids, err := parseWithArgs(fs, args)
 	if err != nil {
 		return err
@@ -164,16 +168,24 @@ func relaysDrain(ctx context.Context, g *ctlGlobals, args []string, draining boo
 	if err != nil {
 		return err
 	}
-	answer, err := c.SetRelayDraining(ctx, id, draining)
+	var answer control.DrainAnswer
+	if draining {
+		answer, err = c.DrainRelay(ctx, id, control.DrainRequest{Force: force})
+	} else {
+		answer, err = c.SetRelayDraining(ctx, id, false)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, g.explainNotFound(err, "relay "+id, listRelaysCmd))
 	}
 	if g.output == outputJSON {
 		return writeJSON(stdout, answer)
 	}
-	if answer.Draining {
+	switch {
+	case answer.Draining && answer.Warning != "":
+		fmt.Fprintln(stdout, answer.Warning)
+	case answer.Draining:
 		fmt.Fprintf(stdout, "relay %s is draining: it takes no new devices; attached devices move as their agents reconnect\n", answer.ID)
-	} else {
+	default:
 		fmt.Fprintf(stdout, "relay %s is no longer draining\n", answer.ID)
 	}
 	return nil

@@ -63,6 +63,7 @@ func TestCtlFleetArgumentErrors(t *testing.T) {
 		{[]string{"relays", "undrain"}, "ctl relays undrain: give exactly one relay ID (see 'switchboard ctl relays list'), got 0"},
 		{[]string{"relays", "drain", "rl-00000001", "rl-00000002"}, "ctl relays drain: give exactly one relay ID (see 'switchboard ctl relays list'), got 2"},
 		{[]string{"relays", "drain", "relay-2"}, `ctl relays drain: "relay-2" is not a relay ID, which looks like rl-<8 hex digits>; see 'switchboard ctl relays list'`},
+		{[]string{"relays", "undrain", "--force", "rl-00000001"}, "flag provided but not defined: -force"},
 		{[]string{"relays", "undrain", "RL-0000ABCD"}, `ctl relays undrain: "RL-0000ABCD" is not a relay ID, which looks like rl-<8 hex digits>; see 'switchboard ctl relays list'`},
 		{[]string{"devices"}, "ctl devices: no command given; use list, show or cancel"},
 		{[]string{"devices", "remove", "robot-1"}, `ctl devices: unknown command "remove"; use list, show or cancel`},
@@ -109,6 +110,12 @@ func (f *fakeFleet) Relay(id string) (fleet.RelayStatus, error) {
 		}
 	}
 	return fleet.RelayStatus{}, fmt.Errorf("relay %q: %w", id, fleet.ErrNotFound)
+}
+
+func (f *fakeFleet) Record(e fleet.Event) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, e)
 }
 
 func (f *fakeFleet) SetRelayDraining(_ context.Context, id string, draining bool) error {
@@ -259,9 +266,13 @@ func TestCtlRelays(t *testing.T) {
 		t.Errorf("addresses of a relay without any = %v, want []", raw[1]["addresses"])
 	}
 
-	out, _ := f.mustCtl(t, "relays", "drain", "rl-0000000a")
-	if out != "relay rl-0000000a is draining: it takes no new devices; attached devices move as their agents reconnect\n" {
-		t.Errorf("drain printed %q", out)
+	// The other relay is stale: rl-0000000a is the last relay serving.
+	if _, _, err := f.ctl(t, "relays", "drain", "rl-0000000a"); err == nil || !strings.Contains(err.Error(), "409 Conflict: relay rl-0000000a is the last relay serving") {
+		t.Errorf("drain of the last relay serving: %v", err)
+	}
+	out, _ := f.mustCtl(t, "relays", "drain", "--force", "rl-0000000a")
+	if out != "relay rl-0000000a is draining, but no other relay is serving: it keeps its 2 devices and still takes new devices, as there is nowhere else for them, until another relay serves\n" {
+		t.Errorf("drain --force printed %q", out)
 	}
 	out, _ = f.mustCtl(t, "-o", "json", "relays", "undrain", "rl-0000000a")
 	if out != "{\n  \"id\": \"rl-0000000a\",\n  \"draining\": false\n}\n" {

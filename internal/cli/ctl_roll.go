@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -145,7 +146,7 @@ func (r *roller) run(ctx context.Context) error {
 			return fmt.Errorf("ctl roll: %w: no relay is beating", errRollRefused)
 		}
 		// Refuse before anything is held or recorded.
-		if err := checkGuards(relays, r.state.Order[0]); err != nil {
+		if err := r.checkGuards(ctx, r.state.Order[0]); err != nil {
 			return fmt.Errorf("ctl roll: %w", err)
 		}
 		if err := r.save(ctx); err != nil {
@@ -169,30 +170,40 @@ func (r *roller) run(ctx context.Context) error {
 	return nil
 }
 
-// checkGuards refuses to take relay id when it is the last relay serving,
-// or when the other relays cannot take its devices.
-func checkGuards(relays []fleet.RelayStatus, id string) error {
-	var target *fleet.RelayStatus
-	siblings, room := 0, 0
-	for i := range relays {
-		rs := &relays[i]
-		if rs.ID == id {
-			target = rs
-			continue
-		}
-		if rs.Fresh && rs.Healthy && !rs.Draining && !rs.Stopping {
-			siblings++
-			room += max(0, rs.MaxForward-rs.AttachedDevices)
-		}
+// checkGuards asks the relays' drain guards whether relay id may be held
+// out of routing now, without holding it: it may not when it is the last
+// relay serving or when the other relays cannot take its devices. A relay
+// of an earlier version answering has no guards: the same guard is then
+// applied here, to its list of relays.
+func (r *roller) checkGuards(ctx context.Context, id string) error {
+	_, err := r.c.CheckDrain(ctx, id)
+	if !errors.Is(err, control.ErrNoDrainGuards) {
+		return r.refused(id, err)
 	}
-	if target == nil {
+	relays, err := r.c.ListRelays(ctx)
+	if err != nil {
+		return r.g.explain(err)
+	}
+	refusal, _, err := control.DrainGuard(relays, id)
+	switch {
+	case err != nil:
 		return fmt.Errorf("%w: relay %s is not in the fleet any more", errRollRefused, id)
+	case refusal != "":
+		return fmt.Errorf("%w: %s", errRollRefused, refusal)
 	}
-	if siblings == 0 {
-		return fmt.Errorf("%w: relay %s is the last relay serving; start another relay before rolling", errRollRefused, id)
-	}
-	if room < target.AttachedDevices {
-		return fmt.Errorf("%w: relay %s holds %d devices but the other relays have room for %d; add a relay or raise their --max-forward", errRollRefused, id, target.AttachedDevices, room)
+	return nil
+}
+
+// refused marks a drain the guards refused as errRollRefused.
+func (r *roller) refused(id string, err error) error {
+	var apiErr *control.APIError
+	switch {
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusConflict:
+		return fmt.Errorf("%w: %s", errRollRefused, apiErr.Message)
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound:
+		return fmt.Errorf("%w: relay %s is not in the fleet any more", errRollRefused, id)
+	case err != nil:
+		return r.g.explain(err)
 	}
 	return nil
 }
@@ -209,17 +220,20 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	if err != nil {
 		return r.g.explain(err)
 	}
-	if resumeAt == "" || resumeAt == fleet.RollHold {
-		if err := checkGuards(relays, id); err != nil {
-			return err
-		}
-	}
 	before := findRelay(relays, id)
 	if before == nil {
 		return fmt.Errorf("%w: it is not in the fleet any more", errRollRefused)
 	}
+	if resumeAt == "" || resumeAt == fleet.RollHold {
+		if err := r.checkGuards(ctx, id); err != nil {
+			return err
+		}
+	}
+	// The relay answering guards the drain itself too; refused, nothing is
+	// held. A roll resumed past the hold finds the relay drained already,
+	// which passes.
 	if _, err := r.c.SetRelayDraining(ctx, id, true); err != nil {
-		return r.g.explain(err)
+		return r.refused(id, err)
 	}
 	r.out.say(id, fleet.RollHold, "held out of routing: its devices move to the other relays")
 	defer func() {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/limit"
 )
 
 // Paths of the admin page, a server-rendered view of the fleet for people.
@@ -187,12 +188,13 @@ func (p *adminPage) login(w http.ResponseWriter, r *http.Request) {
 		p.render(w, http.StatusBadRequest, "signin", signInView{pageHead: head("Sign in"), Message: "The sign-in form could not be read: " + err.Error()})
 		return
 	}
-	if err := p.h.checkBackoff(r); err != nil {
+	pr, err := p.h.authenticate(r, func() (auth.Principal, error) {
+		return tokens.AuthenticateKind(strings.TrimSpace(r.PostForm.Get("token")), auth.KindAdmin)
+	})
+	if errors.Is(err, limit.ErrTooManyFailures) {
 		p.render(w, http.StatusTooManyRequests, "signin", signInView{pageHead: head("Sign in"), Message: err.Error() + "."})
 		return
 	}
-	pr, err := tokens.AuthenticateKind(strings.TrimSpace(r.PostForm.Get("token")), auth.KindAdmin)
-	p.h.noteAuth(r, err)
 	if err != nil {
 		status, msg := http.StatusUnauthorized, "Invalid admin token (unknown, revoked or mistyped): "+adminTokenHint+"."
 		switch {
@@ -250,7 +252,7 @@ func (p *adminPage) setDraining(draining bool) func(http.ResponseWriter, *http.R
 		defer cancel()
 		err := fmt.Errorf("relay %q: %w", id, fleet.ErrNotFound)
 		if fleet.ValidRelayID(id) {
-			err = f.SetRelayDraining(ctx, id, draining)
+			_, err = p.h.setDraining(ctx, id, draining, DrainRequest{}, false, false)
 		}
 		if err != nil {
 			status, msg := drainFailure(id, err)
@@ -266,6 +268,9 @@ func (p *adminPage) setDraining(draining bool) func(http.ResponseWriter, *http.R
 
 // drainFailure is the status and message of a failed drain or undrain.
 func drainFailure(id string, err error) (int, string) {
+	if errors.Is(err, errDrainRefused) {
+		return http.StatusConflict, fmt.Sprintf("Relay %s was not drained: %v. To drain it anyway, run 'switchboard ctl relays drain --force %s'.", id, err, id)
+	}
 	if errors.Is(err, fleet.ErrNotFound) {
 		return http.StatusNotFound, fmt.Sprintf("No relay has id %q. It may have been removed from the fleet; the admin page lists the relays known now.", id)
 	}

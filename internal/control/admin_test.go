@@ -48,6 +48,12 @@ func (f *fakeFleet) Relay(id string) (fleet.RelayStatus, error) {
 	return fleet.RelayStatus{}, fmt.Errorf("relay %q: %w", id, fleet.ErrNotFound)
 }
 
+func (f *fakeFleet) Record(e fleet.Event) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, e)
+}
+
 func (f *fakeFleet) SetRelayDraining(_ context.Context, id string, draining bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

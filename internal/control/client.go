@@ -33,6 +33,10 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("%d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
 }
 
+// ErrNoDrainGuards is wrapped by CheckDrain's error when the relay
+// answering predates the drain guards, and would drain unguarded.
+var ErrNoDrainGuards = errors.New("the relay answering has no drain guards")
+
 // Client calls the operator API of a relay.
 type Client struct {
 	// BaseURL is the relay's admin listener, e.g. http://127.0.0.1:9090.
@@ -142,15 +146,39 @@ func (c *Client) ListRelays(ctx context.Context) ([]fleet.RelayStatus, error) {
 	return out, err
 }
 
-// SetRelayDraining drains (true) or undrains (false) the relay with the
-// given id. An unknown id yields an *APIError with Status 404.
+// SetRelayDraining drains (true, guarded) or undrains (false) the relay
+// with the given id. An unknown id yields an *APIError with Status 404, a
+// drain the guards refuse one with Status 409; see DrainRelay.
 func (c *Client) SetRelayDraining(ctx context.Context, id string, draining bool) (DrainAnswer, error) {
-	verb := "/undrain"
 	if draining {
-		verb = "/drain"
+		return c.DrainRelay(ctx, id, DrainRequest{})
 	}
 	var out DrainAnswer
-	err := c.do(ctx, http.MethodPost, PathRelays+"/"+url.PathEscape(id)+verb, nil, http.StatusOK, &out)
+	err := c.do(ctx, http.MethodPost, PathRelays+"/"+url.PathEscape(id)+"/undrain", nil, http.StatusOK, &out)
+	return out, err
+}
+
+// DrainRelay drains the relay with the given id, guarded or, with
+// req.Force, not. A drain the guards refuse (the last relay serving, no
+// room on the others) yields an *APIError with Status 409 whose message
+// says why and what to do.
+func (c *Client) DrainRelay(ctx context.Context, id string, req DrainRequest) (DrainAnswer, error) {
+	var out DrainAnswer
+	err := c.do(ctx, http.MethodPost, PathRelays+"/"+url.PathEscape(id)+"/drain", req, http.StatusOK, &out)
+	return out, err
+}
+
+// CheckDrain asks the drain guards whether the relay with the given id
+// would be drained now, changing nothing: nil, or the *APIError 409 a
+// drain would get. A relay of an earlier version, without drain guards,
+// answers 405 (ErrNoDrainGuards).
+func (c *Client) CheckDrain(ctx context.Context, id string) (DrainAnswer, error) {
+	var out DrainAnswer
+	err := c.do(ctx, http.MethodGet, PathRelays+"/"+url.PathEscape(id)+"/drain", nil, http.StatusOK, &out)
+	var apiErr *APIError
+	if errors.As(err, &apiErr) && apiErr.Status == http.StatusMethodNotAllowed {
+		return out, fmt.Errorf("%w: %w", ErrNoDrainGuards, err)
+	}
 	return out, err
 }
 

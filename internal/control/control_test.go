@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/auth/authtest"
+	"github.com/switchboard-relay/switchboard/internal/limit"
 )
 
 func TestMain(m *testing.M) {
@@ -329,5 +331,41 @@ func TestClientNonJSONError(t *testing.T) {
 	var apiErr *APIError
 	if err := c.RevokeToken(context.Background(), "x"); !errors.As(err, &apiErr) || apiErr.Status != 502 || apiErr.Message != "upstream exploded" {
 		t.Fatalf("RevokeToken = %v, want *APIError 502 upstream exploded", err)
+	}
+}
+
+// TestBackoffNeverRefusesAValidToken: an address that keeps failing is
+// refused (429) on the API and the sign-in form, but the valid admin token
+// sent from it still gets in, so that whoever shares the operator's address
+// cannot lock the operator out.
+func TestBackoffNeverRefusesAValidToken(t *testing.T) {
+	tokens, path := authtest.Open(t)
+	admin := readFile(t, path)
+	srv := httptest.NewServer(NewHandler(Config{
+		Tokens:       tokens,
+		Fleet:        newFakeFleet(),
+		AuthFailures: limit.New(limit.Config{FreeFailures: 2}),
+	}))
+	t.Cleanup(srv.Close)
+	f := &fixture{srv: srv}
+	bad := "sbx_00000000_" + strings.Repeat("A", 43)
+	for i := range 3 { // two free failures, and the one that opens the window
+		if status, body := f.call(t, http.MethodGet, PathTokens, bad, ""); status != http.StatusUnauthorized {
+			t.Fatalf("bad token %d: %d %s", i, status, body)
+		}
+	}
+	for _, token := range []string{bad, "nonsense"} {
+		if status, body := f.call(t, http.MethodGet, PathTokens, token, ""); status != http.StatusTooManyRequests || !strings.Contains(body, "too many failed") {
+			t.Fatalf("%q while refused: %d %s", token, status, body)
+		}
+	}
+	if status, body := f.call(t, http.MethodGet, PathTokens, admin, ""); status != http.StatusOK {
+		t.Fatalf("the admin token while its address is refused: %d %s", status, body)
+	}
+	if resp := adminRequest(t, srv, http.MethodPost, PathAdminLogin, url.Values{"token": {bad}}, nil); resp.status != http.StatusTooManyRequests {
+		t.Fatalf("signing in with a bad token while refused: %d\n%s", resp.status, resp.body)
+	}
+	if resp := adminRequest(t, srv, http.MethodPost, PathAdminLogin, url.Values{"token": {admin}}, nil); resp.status != http.StatusSeeOther || resp.cookie == nil {
+		t.Fatalf("signing in with the admin token while refused: %d\n%s", resp.status, resp.body)
 	}
 }

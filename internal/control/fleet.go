@@ -14,7 +14,7 @@ import (
 
 // Paths of the fleet part of the operator API.
 const (
-	PathRelays  = "/api/v1/relays"  // GET; /{id}; POST /{id}/drain, /{id}/undrain
+	PathRelays  = "/api/v1/relays"  // GET; /{id}; GET, POST /{id}/drain (DrainRequest); POST /{id}/undrain
 	PathDevices = "/api/v1/devices" // GET; /{name}; POST /{name}/cancel
 	PathEvents  = "/api/v1/events"  // GET ?limit=N; ?follow=1 streams NDJSON
 	PathStatus  = "/api/v1/status"  // GET
@@ -30,6 +30,7 @@ type Fleet interface {
 	Relays() []fleet.RelayStatus
 	Relay(id string) (fleet.RelayStatus, error)
 	SetRelayDraining(ctx context.Context, id string, draining bool) error
+	Record(e fleet.Event)
 	Devices() []fleet.DeviceStatus
 	Device(name string) (fleet.DeviceLink, error)
 	Events(ctx context.Context, n int) ([]fleet.Event, error)
@@ -70,17 +71,12 @@ type UserDevice struct {
 	Fresh bool   `json:"fresh"`
 }
 
-// DrainAnswer answers POST /api/v1/relays/{id}/drain and /undrain.
-type DrainAnswer struct {
-	ID       string `json:"id"`
-	Draining bool   `json:"draining"`
-}
-
 func (h *handler) routeFleet(mux *http.ServeMux) {
 	mux.Handle("GET "+PathRelays, h.admin(h.fleetOnly(h.listRelays)))
 	mux.Handle("GET "+PathRelays+"/{id}", h.admin(h.fleetOnly(h.showRelay)))
-	mux.Handle("POST "+PathRelays+"/{id}/drain", h.admin(h.fleetOnly(h.drainRelay(true))))
-	mux.Handle("POST "+PathRelays+"/{id}/undrain", h.admin(h.fleetOnly(h.drainRelay(false))))
+	mux.Handle("GET "+PathRelays+"/{id}/drain", h.admin(h.fleetOnly(h.drainRelay(true, true))))
+	mux.Handle("POST "+PathRelays+"/{id}/drain", h.admin(h.fleetOnly(h.drainRelay(true, false))))
+	mux.Handle("POST "+PathRelays+"/{id}/undrain", h.admin(h.fleetOnly(h.drainRelay(false, false))))
 	mux.Handle("GET "+PathDevices, h.adminOrUser(h.fleetOnlyP(h.listDevices)))
 	mux.Handle("GET "+PathDevices+"/{name}", h.adminOrUser(h.fleetOnlyP(h.showDevice)))
 	mux.Handle("POST "+PathDevices+"/{name}/cancel", h.admin(h.fleetOnly(h.cancelDevice)))
@@ -121,17 +117,6 @@ func (h *handler) showRelay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, rs)
-}
-
-func (h *handler) drainRelay(draining bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		id := r.PathValue("id")
-		if err := h.cfg.Fleet.SetRelayDraining(r.Context(), id, draining); err != nil {
-			writeFleetError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, DrainAnswer{ID: id, Draining: draining})
-	}
 }
 
 func (h *handler) listDevices(w http.ResponseWriter, _ *http.Request, p auth.Principal) {

@@ -53,7 +53,9 @@ type Config struct {
 	Bind func(ctx context.Context, tokenID string)
 	// AuthFailures, if set, backs off client addresses that keep
 	// presenting invalid tokens (API and sign-in form): 429 with
-	// Retry-After.
+	// Retry-After. A valid token is never refused by it. It should be
+	// the admin listener's own, so that failures on the public listener
+	// do not count against the operator.
 	AuthFailures *limit.Limiter
 	// Logger receives API failures. Nil discards.
 	Logger *slog.Logger
@@ -132,15 +134,13 @@ func (h *handler) authorized(users bool, next principalHandler) http.Handler {
 			writeError(w, http.StatusServiceUnavailable, "the token store is not available on this relay")
 			return
 		}
-		if err := h.checkBackoff(r); err != nil {
-			var re *limit.RefusedError
-			errors.As(err, &re)
-			w.Header().Set("Retry-After", strconv.Itoa(int(re.RetryAfterDelay()/time.Second)))
+		p, err := h.authenticate(r, func() (auth.Principal, error) { return h.cfg.Tokens.Authenticate(bearerToken(r)) })
+		var refused *limit.RefusedError
+		if errors.As(err, &refused) {
+			w.Header().Set("Retry-After", strconv.Itoa(int(refused.RetryAfterDelay()/time.Second)))
 			writeError(w, http.StatusTooManyRequests, err.Error())
 			return
 		}
-		p, err := h.cfg.Tokens.Authenticate(bearerToken(r))
-		h.noteAuth(r, err)
 		if err == nil && p.Kind != auth.KindAdmin && !(users && p.Kind == auth.KindUser) {
 			err = auth.ErrWrongKind
 		}
@@ -164,24 +164,37 @@ func (h *handler) authorized(users bool, next principalHandler) http.Handler {
 	})
 }
 
-// checkBackoff refuses a client address that failed too often lately.
-func (h *handler) checkBackoff(r *http.Request) error {
-	if h.cfg.AuthFailures == nil {
-		return nil
+// authenticate checks a credential presented on the admin listener with
+// check, then consults the back-off (Config.AuthFailures). A valid
+// credential is let in even from an address being refused, so that
+// whoever shares the operator's address (a NAT, a proxy) cannot lock the
+// operator out by failing on purpose; an invalid one from such an address
+// yields a *limit.RefusedError, and every invalid one counts as a failure.
+// A missing credential, or a valid one of the wrong kind, is no failure.
+//
+// Checking before refusing costs one SHA-256 per attempt, as an attempt
+// outside the refusal window does; what stops guessing is the 256-bit
+// secret, and a refused guesser learns nothing it would not from a 401.
+func (h *handler) authenticate(r *http.Request, check func() (auth.Principal, error)) (auth.Principal, error) {
+	p, err := check()
+	lim := h.cfg.AuthFailures
+	if lim == nil || errors.Is(err, auth.ErrNoToken) {
+		return p, err
 	}
-	return h.cfg.AuthFailures.Check(limit.ClientIP(r, nil))
-}
-
-// noteAuth counts the outcome of checking a presented token: only an
-// invalid token is a failure, not a missing one.
-func (h *handler) noteAuth(r *http.Request, err error) {
+	ip := limit.ClientIP(r, nil)
 	switch {
-	case h.cfg.AuthFailures == nil || errors.Is(err, auth.ErrNoToken):
-	case errors.Is(err, auth.ErrInvalidToken):
-		h.cfg.AuthFailures.Fail(limit.ClientIP(r, nil))
 	case err == nil:
-		h.cfg.AuthFailures.Succeed(limit.ClientIP(r, nil))
+		lim.Succeed(ip)
+		return p, nil
+	case !errors.Is(err, auth.ErrInvalidToken):
+		return p, err
 	}
+	refused := lim.Check(ip) // before Fail: the failure that opens a window is still answered 401
+	lim.Fail(ip)
+	if refused != nil {
+		return p, refused
+	}
+	return p, err
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>" header,
@@ -207,6 +220,10 @@ func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
 	secret, tok, err := h.cfg.Tokens.Create(r.Context(), auth.CreateRequest{Kind: req.Kind, Name: req.Name, Devices: req.Devices})
 	if errors.Is(err, auth.ErrInvalidRequest) {
 		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if errors.Is(err, auth.ErrUnavailable) {
+		writeError(w, http.StatusServiceUnavailable, "no token was created: this relay cannot reach NATS, where tokens are kept; try again once it can ("+err.Error()+")")
 		return
 	}
 	if err != nil {

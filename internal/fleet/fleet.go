@@ -103,6 +103,10 @@ const (
 	EventSecretRotation = "secret.rotation" // a step of a rotation, or an old secret dropped
 )
 
+// EventRelayDrainForced follows EventRelayDraining when an operator forced
+// a drain that the guards refused; it says where devices go.
+const EventRelayDrainForced = "relay.drain_forced"
+
 // Event is one entry of the fleet's event log (StreamEvents).
 type Event struct {
 	Seq     uint64    `json:"seq"` // the stream sequence, filled when read

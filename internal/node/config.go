@@ -118,8 +118,10 @@ type Config struct {
 	// agents to move, so that the other relays are not stormed. Default 5 s.
 	DrainSpread time.Duration
 	// AuthBackoff is the back-off of client addresses that keep presenting
-	// invalid credentials (tokens, codes, sessions) on either listener; see
-	// limit.Config for its defaults.
+	// invalid credentials (tokens, codes, sessions); see limit.Config for
+	// its defaults. Each listener keeps its own count with this policy, so
+	// that failures on the public listener never refuse the operator on
+	// the admin listener; there a valid admin token is never refused.
 	AuthBackoff limit.Config
 	// SessionTTL is how long the browser session an access code opens
 	// lasts (revoking the token ends it sooner). Default 8 h.

@@ -54,7 +54,8 @@ type Node struct {
 	sessions      auth.Sessions
 	spent         access.Spent // access codes used here or, as told, elsewhere
 	spentSub      *nats.Subscription
-	authFails     *limit.Limiter // client addresses that keep failing to authenticate
+	authFails     *limit.Limiter // client addresses that keep failing to authenticate on the public listener
+	adminFails    *limit.Limiter // the same on the admin listener: the operator's budget is apart
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
 	probeClient   *http.Client
@@ -96,6 +97,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	n.authFails = limit.New(cfg.AuthBackoff)
 	n.authFails.RegisterMetrics(n.registry)
+	adminBackoff := cfg.AuthBackoff
+	adminBackoff.Scope = "admin"
+	n.adminFails = limit.New(adminBackoff)
+	n.adminFails.RegisterMetrics(n.registry)
 	if err := n.openState(ctx); err != nil {
 		return nil, err
 	}
@@ -246,7 +251,7 @@ func (n *Node) buildServers() {
 		Tokens:       n.tokens,
 		Fleet:        n.member,
 		Codes:        n.IssueCode,
-		AuthFailures: n.authFails,
+		AuthFailures: n.adminFails,
 		Bind:         n.sessions.Bind,
 		Metrics:      n.registry,
 		Ready:        n.ready.Load,

@@ -162,10 +162,18 @@ func (s *Store) warnURLCredentials() {
 // connOptions are the NATS client options: present sec, trust cfg.CAFile,
 // reconnect forever (even while the server refuses the credentials, as it
 // may during a rotation), and log each disconnect and reconnect once.
+//
+// Nothing is buffered while the connection is down: a publish then fails
+// at once (nats.ErrReconnectBufExceeded) instead of being sent after the
+// reconnect, when its caller may long have been told that it failed (a
+// token created by an operator who never saw its secret, a drain flag
+// reported as not set). The writers that must get through (heartbeats,
+// attachments, events) retry or re-publish on reconnect by themselves.
 func (s *Store) connOptions(sec secrets) ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name("switchboard " + s.cfg.ServerName),
 		nats.MaxReconnects(-1),
+		nats.ReconnectBufSize(-1),
 		nats.IgnoreAuthErrorAbort(),
 		nats.DrainTimeout(drainTimeout),
 		nats.DisconnectErrHandler(s.onDisconnect),
