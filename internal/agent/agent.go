@@ -8,6 +8,7 @@ package agent
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"net"
@@ -105,6 +106,9 @@ func newBackendTransport(cfg *Config) *http.Transport {
 		ForceAttemptHTTP2:   !cfg.DisableHTTP2,
 		WriteBufferSize:     64 << 10,
 		ReadBufferSize:      64 << 10,
+	}
+	if cfg.BackendRootCAs != nil {
+		t.TLSClientConfig = &tls.Config{RootCAs: cfg.BackendRootCAs, MinVersion: tls.VersionTLS12}
 	}
 	if cfg.BackendH2C {
 		t.Protocols = new(http.Protocols)

@@ -35,6 +35,9 @@ type Config struct {
 	// BackendH2C speaks HTTP/2 cleartext (prior knowledge) to the backend,
 	// as gRPC servers want. Default off.
 	BackendH2C bool
+	// BackendRootCAs verifies an https:// backend's certificate; nil means
+	// the system pool.
+	BackendRootCAs *x509.CertPool
 	// DisableHTTP2 keeps the backend connection on HTTP/1.1 even over TLS.
 	DisableHTTP2 bool
 	// PreserveHost sends the user's Host header to the backend instead of the

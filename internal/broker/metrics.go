@@ -33,27 +33,37 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.devices, m.pending, m.active, m.pollsWaiting, m.requests)
 	}
+	for _, o := range outcomes {
+		m.requests.WithLabelValues(o) // every series from the start: zeros, not nothing
+	}
 	return m
 }
 
 // outcome counts one finished round trip.
 func (m *metrics) outcome(err error) {
+	m.requests.WithLabelValues(outcomeOf(err)).Inc()
+}
+
+// outcomes are the outcome labels of switchboard_broker_requests_total.
+var outcomes = []string{"ok", "no_agent", "timeout", "draining", "canceled", "rejected", "error"}
+
+// outcomeOf is the outcome label of a round trip that ended with err.
+func outcomeOf(err error) string {
 	var be *Error
-	label := "ok"
 	switch {
 	case err == nil:
+		return "ok"
 	case errors.Is(err, ErrNoAgent):
-		label = "no_agent"
+		return "no_agent"
 	case errors.Is(err, ErrTimeout):
-		label = "timeout"
+		return "timeout"
 	case errors.Is(err, ErrDraining):
-		label = "draining"
+		return "draining"
 	case errors.Is(err, context.Canceled):
-		label = "canceled"
+		return "canceled"
 	case errors.As(err, &be):
-		label = "rejected"
+		return "rejected"
 	default:
-		label = "error"
+		return "error"
 	}
-	m.requests.WithLabelValues(label).Inc()
 }

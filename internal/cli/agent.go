@@ -20,10 +20,10 @@ import (
 // agentFlags are the raw flags of 'switchboard agent', ours and the
 // reference agent's.
 type agentFlags struct {
-	relays, device, backend, token, tokenFile, protocol, prefix, rootCA string
-	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket       bool
-	maxChunk, blockSize, pending                                        int
-	liveness                                                            tunnel.Liveness
+	relays, device, backend, token, tokenFile, protocol, prefix, rootCA, backendCA string
+	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket                  bool
+	maxChunk, blockSize, pending                                                   int
+	liveness                                                                       tunnel.Liveness
 
 	// The reference agent's names, used when ours are not given.
 	relayScheme, relayAddress, backendScheme, backendAddress, backendPath string
@@ -34,6 +34,7 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.device, "device", "", "the device `name` users address (/client/NAME/…, X-Server-Name: NAME)")
 	fs.StringVar(&f.backend, "backend", "", "the local service's `URL`, e.g. http://127.0.0.1:3000")
 	fs.BoolVar(&f.backendH2C, "backend-h2c", false, "speak HTTP/2 cleartext to the backend (gRPC)")
+	fs.StringVar(&f.backendCA, "backend-ca-file", "", "PEM `file` of the CAs that sign an https:// backend's certificate (e.g. a cluster's API server); empty = the system roots")
 	fs.StringVar(&f.tokenFile, "token-file", "", "`file` holding the agent token")
 	fs.StringVar(&f.token, "token", "", "the agent `token` (prefer --token-file or SWITCHBOARD_TOKEN: flags show in ps)")
 	fs.StringVar(&f.protocol, "protocol", agent.ProtocolNative, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
@@ -109,6 +110,11 @@ func (f *agentFlags) config() (agent.Config, error) {
 		return cfg, err
 	}
 	cfg.Token = token
+	if f.backendCA != "" {
+		if cfg.BackendRootCAs, err = tlsconf.LoadCAPool(f.backendCA); err != nil {
+			return cfg, fmt.Errorf("--backend-ca-file: %w", err)
+		}
+	}
 	if f.rootCA != "" {
 		if cfg.RootCAs, err = tlsconf.LoadCAPool(f.rootCA); err != nil {
 			return cfg, fmt.Errorf("--ca-file: %w", err)

@@ -64,6 +64,8 @@ commands:
   secret status         show the fleet secret's fingerprints and which relays run which
   secret rotate [--grace 8h]
                         replace the fleet secret without downtime: accept, sign, drop; resumable
+  stop [--wait 60s]     drain the relay at --admin as SIGTERM would, and wait until it
+                        has exited (a Kubernetes preStop hook)
 
 --device takes names or globs such as robot-*, repeated or comma-separated.
 The global flags may also follow the command. -o json output is stable; see
@@ -73,7 +75,7 @@ flags:
 `
 
 // ctlCommands are the ctl commands this build has.
-const ctlCommands = "relays, devices, tokens, codes, events, status, roll, secret"
+const ctlCommands = "relays, devices, tokens, codes, events, status, roll, secret, stop"
 
 // ctlGlobals are the flags every ctl command takes.
 type ctlGlobals struct {
@@ -183,6 +185,8 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return runRoll(ctx, g, rest[1:], stdout, stderr)
 	case "secret":
 		return runSecret(ctx, g, rest[1:], stdout, stderr)
+	case "stop":
+		return runStop(ctx, g, rest[1:], stdout, stderr)
 	default:
 		return usageErrorf("ctl: unknown command %q; available: %s", rest[0], ctlCommands)
 	}

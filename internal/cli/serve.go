@@ -29,6 +29,8 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.StringVar(&cfg.AdminTLSKeyFile, "admin-tls-key", "", "PEM private key `file` of --admin-tls-cert")
 	fs.StringVar(&cfg.PeerCAFile, "peer-ca-file", "", "PEM `file` of the CAs that sign the other relays' certificates (https:// peers); empty = the system roots")
 	fs.StringVar(&cfg.DataDir, "data", "./switchboard-data", "data `dir`: embedded NATS store and admin token")
+	fs.StringVar(&cfg.RelayName, "relay-name", "", "a `name` that stays with this relay across restarts (e.g. NAMESPACE/POD of a StatefulSet): the relay id is derived from it instead of kept in --data")
+	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "`file` holding the admin token (sbx_…), e.g. a mounted secret; written on first start when missing. Default <data>/admin.token")
 	nats = fs.String("nats", "", "NATS `URLs`, comma-separated; empty starts an embedded NATS server")
 	fs.StringVar(&cfg.NATSListen, "nats-listen", "", "`address` where the embedded NATS server also accepts other relays (:4333 = loopback only; other machines need a named address and credentials); empty = in-process only")
 	fs.StringVar(&cfg.NATSCredentials.User, "nats-user", "", "NATS user `name`; the password comes from --nats-password-file")
@@ -114,6 +116,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	case sig := <-sigs:
 		logger.Info("signal received: draining; send it again to stop at once", "signal", sig.String())
+	case <-n.StopRequested():
+		logger.Info("stop asked for through the operator API: draining; a signal stops it at once")
 	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()

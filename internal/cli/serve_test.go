@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleettest"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
@@ -42,6 +44,7 @@ func TestServeProcess(t *testing.T) {
 	t.Run("second SIGTERM stops at once", func(t *testing.T) { testSecondSIGTERM(t, bin) })
 	t.Run("admin token written once and reused", func(t *testing.T) { testAdminToken(t, bin) })
 	t.Run("taken port fails with a message", func(t *testing.T) { testTakenPort(t, bin) })
+	t.Run("ctl stop drains and stops; a relay name keeps its id", func(t *testing.T) { testStopAndName(t, bin) })
 }
 
 // relayProc is a running 'switchboard serve'.
@@ -360,5 +363,42 @@ func checkAdminToken(t *testing.T, p *relayProc, token []byte) {
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("admin API with the token file's token: %s %s", resp.Status, b)
+	}
+}
+
+// testStopAndName: a relay started with --relay-name and --admin-token-file
+// (as the Helm chart starts it) takes its id from its name and its admin
+// token from the file; 'ctl stop' (the chart's preStop) drains it as SIGTERM
+// would and returns once it no longer serves; started again with a new data
+// directory, it is the same relay.
+func testStopAndName(t *testing.T, bin string) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	const name = "switchboard/switchboard-0"
+	want := fleet.RelayIDFromName(name)
+	for round := range 2 {
+		p := startServe(t, bin, t.TempDir(), "--relay-name", name, "--admin-token-file", tokenFile)
+		if p.token != tokenFile {
+			t.Fatalf("round %d: banner names the admin token %q, want %q", round, p.token, tokenFile)
+		}
+		out, err := exec.Command(bin, "ctl", "--admin", "http://"+p.admin, "--token-file", tokenFile, "-o", "json", "status").Output()
+		if err != nil {
+			t.Fatalf("round %d: ctl status: %v", round, err)
+		}
+		var st struct {
+			RelayID string `json:"relay_id"`
+		}
+		if err := json.Unmarshal(out, &st); err != nil || st.RelayID != want {
+			t.Fatalf("round %d: relay id %q (%v), want %q derived from %q", round, st.RelayID, err, want, name)
+		}
+		stop := exec.Command(bin, "ctl", "--admin", "http://"+p.admin, "--token-file", tokenFile, "stop", "--wait", "20s")
+		if out, err := stop.CombinedOutput(); err != nil || !strings.Contains(string(out), "drained and stopped") {
+			t.Fatalf("round %d: ctl stop: %v\n%s", round, err, out)
+		}
+		if code := p.wait(t, 5*time.Second); code != 0 {
+			t.Fatalf("round %d: exit code %d after ctl stop, want 0", round, code)
+		}
+		if log := p.stderr.String(); !strings.Contains(log, "stop asked for") || !strings.Contains(log, "relay draining") {
+			t.Fatalf("round %d: no drain asked for through the API in the log:\n%s", round, log)
+		}
 	}
 }

@@ -32,6 +32,7 @@ type fixture struct {
 	admin    string // the admin token
 	ready    atomic.Bool
 	draining atomic.Bool
+	stops    atomic.Int32 // calls of Config.Stop
 	registry *prometheus.Registry
 }
 
@@ -45,6 +46,7 @@ func newFixture(t *testing.T) *fixture {
 		Metrics:  f.registry,
 		Ready:    f.ready.Load,
 		Draining: f.draining.Load,
+		Stop:     func() { f.stops.Add(1) },
 	}))
 	t.Cleanup(f.srv.Close)
 	return f

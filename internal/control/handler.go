@@ -57,6 +57,9 @@ type Config struct {
 	// the admin listener's own, so that failures on the public listener
 	// do not count against the operator.
 	AuthFailures *limit.Limiter
+	// Stop, if set, makes the relay drain and stop as on SIGTERM (POST
+	// /api/v1/relay/stop, a preStop hook's call); nil answers 503.
+	Stop func()
 	// Logger receives API failures. Nil discards.
 	Logger *slog.Logger
 }
@@ -87,6 +90,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.Handle("GET "+PathTokens, h.admin(h.listTokens))
 	mux.Handle("DELETE "+PathTokens+"/{id}", h.admin(h.revokeToken))
 	mux.Handle("POST "+PathCodes, h.adminOrUser(h.createCode))
+	mux.Handle("POST "+PathStop, h.admin(h.stop))
 	h.routeFleet(mux)
 	h.routeAdmin(mux)
 	// Go's profiles, for the admin token only: they show the relay's

@@ -32,6 +32,7 @@ var statusGauges = []statusGauge{
 	newGauge("relays_draining", "Relays marked draining.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.DrainingRelays) }),
 	newGauge("devices", "Devices in the directory.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.Devices) }),
 	newGauge("devices_online", "Devices with agents on a fresh relay.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.OnlineDevices) }),
+	newGauge("devices_here", "Devices the directory places on this relay, with agents.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.DevicesHere) }),
 	newGauge("nats_connected", "1 while this relay reaches the fleet state in NATS.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.NATSConnected) }),
 	newGauge("housekeeping_lease", "1 while this relay holds the housekeeping lease.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.LeaseHeld) }),
 	newGauge("draining", "1 while this relay is marked draining.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.ShouldDrain) }),

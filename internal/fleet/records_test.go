@@ -79,3 +79,22 @@ func TestUpdateFromHint(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayIDFromName: a name gives one valid relay id, the same every time;
+// other names give others.
+func TestRelayIDFromName(t *testing.T) {
+	seen := map[string]string{}
+	for _, name := range []string{"switchboard/switchboard-0", "switchboard/switchboard-1", "other/switchboard-0", "relay-a.example.com", "x"} {
+		id := RelayIDFromName(name)
+		if !ValidRelayID(id) {
+			t.Errorf("RelayIDFromName(%q) = %q, not a relay id", name, id)
+		}
+		if again := RelayIDFromName(name); again != id {
+			t.Errorf("RelayIDFromName(%q) gave %q, then %q", name, id, again)
+		}
+		if other, dup := seen[id]; dup {
+			t.Errorf("%q and %q both give %q", name, other, id)
+		}
+		seen[id] = name
+	}
+}

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,6 +25,14 @@ var relayIDPattern = regexp.MustCompile(`^rl-[0-9a-f]{8}$`)
 
 // ValidRelayID reports whether id has the form rl-<8 hex>.
 func ValidRelayID(id string) bool { return relayIDPattern.MatchString(id) }
+
+// RelayIDFromName returns the relay id of a relay named name: the same id
+// for the same name, every time and on every machine, so that a relay with
+// a stable name (a StatefulSet pod) keeps its id without keeping a file.
+func RelayIDFromName(name string) string {
+	sum := sha256.Sum256([]byte("switchboard relay id\x00" + name))
+	return "rl-" + hex.EncodeToString(sum[:4])
+}
 
 // LoadOrCreateRelayID returns the relay id kept in dataDir, minting one
 // (rl-<8 hex>) and writing it on first start.

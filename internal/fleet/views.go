@@ -176,7 +176,10 @@ type Status struct {
 	DrainingRelays int    `json:"draining_relays"`
 	Devices        int    `json:"devices"`
 	OnlineDevices  int    `json:"online_devices"`
-	EventsDropped  int64  `json:"events_dropped"`
+	// DevicesHere counts the devices the directory places on this relay
+	// with agents: what an autoscaler weighs a relay by.
+	DevicesHere   int   `json:"devices_here"`
+	EventsDropped int64 `json:"events_dropped"`
 	// SecretFingerprint names the fleet secret this relay signs with, and
 	// SecretSource says where it comes from ("fleet" or "file").
 	SecretFingerprint string `json:"secret_fingerprint"`
@@ -217,6 +220,9 @@ func (m *Member) Status() Status {
 		s.Devices++
 		if d.Agents > 0 && fresh[d.RelayID] {
 			s.OnlineDevices++
+		}
+		if d.Agents > 0 && d.RelayID == m.cfg.RelayID {
+			s.DevicesHere++
 		}
 	}
 	m.devices.mu.RUnlock()

@@ -28,6 +28,14 @@ type Config struct {
 	// DataDir holds the embedded NATS store and the admin token.
 	// Default "./switchboard-data".
 	DataDir string
+	// RelayName, if set, is a name that stays with this relay across
+	// restarts (a StatefulSet pod's name, a host name): the relay id is
+	// derived from it instead of minted into DataDir, so that a relay whose
+	// data directory is not kept comes back as itself. Empty by default.
+	RelayName string
+	// AdminTokenFile is where the admin token is read from, or written to
+	// on first start. Default DataDir/admin.token.
+	AdminTokenFile string
 	// NATS are external NATS URLs; empty starts an embedded NATS server.
 	NATS []string
 	// NATSListen is where the embedded NATS server also accepts other
@@ -228,4 +236,9 @@ func pairError(certFlag, cert, keyFlag, key string) error {
 }
 
 // AdminTokenPath is where the node keeps its admin token.
-func (c *Config) AdminTokenPath() string { return filepath.Join(c.DataDir, "admin.token") }
+func (c *Config) AdminTokenPath() string {
+	if c.AdminTokenFile != "" {
+		return c.AdminTokenFile
+	}
+	return filepath.Join(c.DataDir, "admin.token")
+}

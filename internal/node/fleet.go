@@ -46,9 +46,14 @@ func (l local) AgentSessions() int {
 func (l local) Healthy() bool  { return l.n.healthy.Load() }
 func (l local) Stopping() bool { return l.n.stopping.Load() }
 
-// loadRelayID reads the relay's id from the data dir, minting it on first
-// start.
+// loadRelayID derives the relay's id from its configured name, or reads it
+// from the data dir, minting it on first start.
 func (n *Node) loadRelayID() error {
+	if n.cfg.RelayName != "" {
+		n.relayID = fleet.RelayIDFromName(n.cfg.RelayName)
+		n.log.Info("relay id derived from the relay's name", "relay_id", n.relayID, "name", n.cfg.RelayName)
+		return nil
+	}
 	id, created, err := fleet.LoadOrCreateRelayID(n.cfg.DataDir)
 	if err != nil {
 		return err

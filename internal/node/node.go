@@ -78,6 +78,8 @@ type Node struct {
 	wg            sync.WaitGroup
 	errc          chan error // serve failures, buffered
 	stopOnce      sync.Once
+	stopReq       chan struct{} // closed by RequestStop
+	stopReqOnce   sync.Once
 }
 
 // Start opens everything cfg names and starts serving. Call Shutdown or
@@ -87,7 +89,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2), changes: newChangeHub()}
+	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2), stopReq: make(chan struct{}), changes: newChangeHub()}
 	n.stopCtx, n.stopNow = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -112,10 +114,6 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// Request ids carry the relay's id, so that any relay can route an
 	// agent's answer to the relay holding the request.
 	bcfg.IDPrefix = strings.TrimPrefix(n.relayID, "rl-")
-	// The relay id prefixes request ids: it is known before the fleet opens.
-	if id, _, err := fleet.LoadOrCreateRelayID(cfg.DataDir); err == nil {
-		bcfg.IDPrefix = strings.TrimPrefix(id, "rl-")
-	}
 	bcfg.OnAttach = func(string) {
 		if n.member != nil {
 			n.member.Changed()
@@ -255,6 +253,7 @@ func (n *Node) buildServers() {
 		Bind:         n.sessions.Bind,
 		Metrics:      n.registry,
 		Ready:        n.ready.Load,
+		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
 }
@@ -306,6 +305,13 @@ func (n *Node) Tokens() *auth.Store { return n.tokens }
 
 // Errors delivers a listener's failure while the node runs.
 func (n *Node) Errors() <-chan error { return n.errc }
+
+// RequestStop asks whoever runs the node to stop it as on SIGTERM: a
+// preStop hook calls it through the operator API. It returns at once.
+func (n *Node) RequestStop() { n.stopReqOnce.Do(func() { close(n.stopReq) }) }
+
+// StopRequested is closed once RequestStop was called.
+func (n *Node) StopRequested() <-chan struct{} { return n.stopReq }
 
 // Shutdown drains the node, as on SIGTERM: /readyz turns false at once and
 // the relay announces that it is stopping (the fleet places no device here

@@ -55,6 +55,12 @@ func (n *Node) openRouting(ctx context.Context) error {
 		Help: "User requests forwarded one hop to the relay holding their device, by outcome.",
 	}, []string{"outcome"})
 	n.registry.MustRegister(failovers, forwards)
+	// Every series from the start, so that dashboards and alerts see zeros
+	// rather than nothing.
+	failovers.WithLabelValues("probes")
+	failovers.WithLabelValues("data_path")
+	forwards.WithLabelValues(forwardOutcomeOK)
+	forwards.WithLabelValues(forwardOutcomeErr)
 
 	probe := &http.Client{Transport: newProbeTransport(n.peerTLS)}
 	n.probeClient = probe
