@@ -46,13 +46,12 @@ func TestClientStopWaits(t *testing.T) {
 	if err := c.Stop(context.Background(), 600*time.Millisecond); err == nil || !strings.Contains(err.Error(), "still draining") {
 		t.Fatalf("stop of a relay that keeps serving: %v, want 'still draining'", err)
 	}
-	stopped := make(chan struct{})
-	srv := httptest.NewServer(NewHandler(Config{Tokens: f.tokens, Stop: func() { close(stopped) }}))
-	go func() {
-		<-stopped
-		srv.CloseClientConnections()
-		srv.Listener.Close()
-	}()
+	// A relay that stops refuses new connections once it has answered: the
+	// listener closes, and without keep-alive every check dials anew.
+	var srv *httptest.Server
+	srv = httptest.NewUnstartedServer(NewHandler(Config{Tokens: f.tokens, Stop: func() { srv.Listener.Close() }}))
+	srv.Config.SetKeepAlivesEnabled(false)
+	srv.Start()
 	defer srv.Close()
 	c = &Client{BaseURL: srv.URL, Token: f.admin}
 	if err := c.Stop(context.Background(), 10*time.Second); err != nil {
