@@ -85,6 +85,10 @@ func (b *bench) quorum(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := clusterReady(ctx, urls); err != nil {
+		return err
+	}
+	ready := time.Since(back)
 	if err := q.converged(ctx, devices); err != nil {
 		return fmt.Errorf("after the quorum returned: %w", err)
 	}
@@ -96,8 +100,8 @@ func (b *bench) quorum(ctx context.Context) error {
 	b.logf("- **healthy cluster**, 2 s: %d requests, %d failed\n", healthyAttempted, healthyFailed)
 	b.logf("- **two of three NATS nodes killed (SIGKILL) for %s** under load: %d requests, **%d failed** (%s); the relays' views were %s old at the end\n",
 		b.o.natsOutage, attempted, failed, summary, view)
-	b.logf("- **the two nodes restarted**: every relay reaching NATS, every relay fresh and every device online after **%s**; %d of %d requests failed meanwhile\n",
-		converged.Round(time.Millisecond), afterFailed, after)
+	b.logf("- **the two nodes restarted**: every stream with a leader and every replica current after %s; every relay reaching NATS, every relay fresh and every device online after **%s**; %d of %d requests failed meanwhile\n",
+		ready.Round(time.Millisecond), converged.Round(time.Millisecond), afterFailed, after)
 	return nil
 }
 
@@ -165,6 +169,45 @@ func startCluster(ctx context.Context, server, dir string) ([]*natsNode, error) 
 		return nil, fmt.Errorf("the NATS cluster did not form: %w", err)
 	}
 	return nodes, nil
+}
+
+// clusterReady waits until every stream of the cluster (the fleet's buckets
+// and event stream) has a leader and every replica is current.
+func clusterReady(ctx context.Context, urls []string) error {
+	return benchkit.Poll(ctx, 120*time.Second, 100*time.Millisecond, func() error {
+		nc, err := nats.Connect(strings.Join(urls, ","), nats.Timeout(time.Second))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		streams := js.ListStreams(lctx)
+		n := 0
+		for info := range streams.Info() {
+			n++
+			c := info.Cluster
+			if c == nil || c.Leader == "" {
+				return fmt.Errorf("stream %s has no leader", info.Config.Name)
+			}
+			for _, r := range c.Replicas {
+				if !r.Current {
+					return fmt.Errorf("stream %s: replica %s not current", info.Config.Name, r.Name)
+				}
+			}
+		}
+		if err := streams.Err(); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("no streams listed")
+		}
+		return nil
+	})
 }
 
 // start runs the node's nats-server, its output to logPath.
