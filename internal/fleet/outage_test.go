@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -191,4 +192,46 @@ func TestRoutingOutlivesNATS(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestHousekeepingOnAFrozenView sweeps with the clock two days ahead of what
+// the mirror shows, as when a watch stops delivering while writes still
+// succeed: a dead relay with a device and one with nothing look silent for
+// longer than the lost window and the reap delay by the clock, but not in
+// the view, so nothing is detached and nothing reaped.
+func TestHousekeepingOnAFrozenView(t *testing.T) {
+	f := newTestFleet(t)
+	keeper := f.join(func(c *Config) { c.LeaseTTL = time.Hour }) // holds the lease, so that a's own loop never sweeps
+	eventually(t, 5*time.Second, func() error {
+		if !keeper.m.LeaseHeld() {
+			return errors.New("no lease yet")
+		}
+		return nil
+	})
+	a, b, c := f.join(), f.join(), f.join()
+	b.local.set("dev-b", Presence{Agents: 1, Protocol: "native"})
+	b.m.Changed()
+	eventually(t, 5*time.Second, func() error {
+		if d, err := a.m.Device("dev-b"); err != nil || d.Agents != 1 || len(a.m.Relays()) != 4 {
+			return fmt.Errorf("dev-b %+v, %v; %d relays", d, err, len(a.m.Relays()))
+		}
+		return nil
+	})
+	b.kill()
+	c.kill()
+
+	a.m.hk = housekeeping{fresh: a.m.lastKnownFreshness()}
+	a.m.sweep(testContext(t), time.Now().Add(2*f.base.ReapAfter))
+
+	e, err := a.m.devsKV.Get(testContext(t), "dev-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d Attachment
+	if err := json.Unmarshal(e.Value(), &d); err != nil || d.Agents != 1 || d.RelayID != b.m.ID() {
+		t.Errorf("after the sweep dev-b is %+v (%v), want still on b with its agent", d, err)
+	}
+	if _, err := a.m.relaysKV.Get(testContext(t), c.m.ID()); err != nil {
+		t.Errorf("after the sweep c's record: %v, want it kept", err)
+	}
 }
