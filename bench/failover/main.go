@@ -1,16 +1,23 @@
 // Command failover measures how a Switchboard fleet rides out the loss of a
-// relay. It runs three `switchboard serve` processes sharing one NATS server
-// (hosted by this process, so that any relay may die), native agents for
-// -devices devices in this process, and a steady load of requests; then,
-// trial after trial, it kills a relay with SIGKILL, or freezes one with
-// SIGSTOP, and measures for every device the relay held the time from the
-// kill or freeze to the first successful request through a surviving relay.
-// Afterwards it checks that a new relay takes nothing, that a drain moves
-// only the drained relay's devices without a failed request, how fast a
-// directory change reaches every relay, and that requests keep working
-// while NATS is down.
+// relay or of NATS. It runs three `switchboard serve` processes sharing one
+// NATS server (hosted by this process, so that any relay may die), native
+// agents for -devices devices in this process, and a steady load of GETs and
+// POSTs; then, trial after trial, it kills a relay with SIGKILL, or freezes
+// one with SIGSTOP, and measures for every device the relay held the time
+// from the kill or freeze to the first successful request through a
+// surviving relay, and counts the load's failed requests. Afterwards it
+// checks that a new relay takes nothing, that a drain moves only the
+// drained relay's devices without a failed request, how fast a directory
+// change reaches every relay, and that requests keep working while NATS is
+// down for -nats-outage. Last, on a fleet of its own, it runs a real
+// three-node NATS cluster (nats-server processes, every bucket with three
+// replicas), kills two of its nodes with SIGKILL for -nats-outage, and
+// counts the failed requests and the time the fleet takes to converge once
+// they are back.
 //
 //	go run ./bench/failover -trials 20 -md results.md
+//	go run ./bench/failover -short                      # under a minute
+//	go run ./bench/failover -scenarios quorum -nats-outage 60s
 package main
 
 import (
@@ -41,24 +48,49 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
+// allScenarios are the scenarios, in the order they run.
+var allScenarios = []string{"kill", "freeze", "join", "drain", "place", "visibility", "nats", "quorum"}
+
 func main() {
 	var o options
+	var scenarios string
+	var short bool
 	flag.IntVar(&o.devices, "devices", 100, "devices, each with one native agent")
 	flag.IntVar(&o.trials, "trials", 20, "kill trials, and as many freeze trials")
 	flag.StringVar(&o.bin, "bin", "", "switchboard binary (default: build one)")
+	flag.StringVar(&o.natsServer, "nats-server", "", "nats-server binary for the quorum scenario (default: build one from the module)")
 	flag.StringVar(&o.md, "md", "", "also write the results as Markdown to this file")
 	flag.DurationVar(&o.probeEvery, "probe-every", 10*time.Millisecond, "interval of each affected device's probe requests")
 	flag.DurationVar(&o.gap, "gap", 11*time.Second, "least time between two trials: agents whose relays fail within 10 s of each other back off, by design")
+	flag.DurationVar(&o.natsOutage, "nats-outage", 60*time.Second, "how long NATS is down (nats), or without its quorum (quorum): longer than the relays' fresh window")
+	flag.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "the scenarios to run, comma-separated, of "+strings.Join(allScenarios, ", "))
+	flag.BoolVar(&short, "short", false, "a run of under a minute, for CI: 10 devices, 1 kill trial, a 10 s NATS outage and quorum loss (-scenarios kill,nats,quorum)")
 	flag.Parse()
+	if short {
+		o.devices, o.trials, o.natsOutage = 10, 1, 10*time.Second
+		scenarios = "kill,nats,quorum"
+	}
+	o.scenarios = map[string]bool{}
+	for _, sc := range strings.Split(scenarios, ",") {
+		if sc = strings.TrimSpace(sc); sc == "" {
+			continue
+		}
+		if !slices.Contains(allScenarios, sc) {
+			log.Fatalf("unknown scenario %q: the scenarios are %s", sc, strings.Join(allScenarios, ", "))
+		}
+		o.scenarios[sc] = true
+	}
 	if err := run(o); err != nil {
 		log.Fatal(err)
 	}
 }
 
 type options struct {
-	devices, trials int
-	bin, md         string
-	probeEvery, gap time.Duration
+	devices, trials     int
+	bin, natsServer, md string
+	probeEvery, gap     time.Duration
+	natsOutage          time.Duration
+	scenarios           map[string]bool
 }
 
 // relayProc is one `switchboard serve` process.
@@ -69,6 +101,7 @@ type relayProc struct {
 	id          string
 	cmd         *exec.Cmd
 	done        chan struct{}
+	down        atomic.Bool // killed or frozen: the load sends it nothing
 }
 
 func (r *relayProc) url() string      { return "http://127.0.0.1:" + r.port }
@@ -85,6 +118,8 @@ type bench struct {
 	client *http.Client
 	out    strings.Builder
 	last   time.Time // when the last trial began
+	// relayArgs are added to every relay's command line.
+	relayArgs []string
 }
 
 func run(o options) error {
@@ -99,72 +134,108 @@ func run(o options) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := b.startNATS(ctx, "127.0.0.1:0"); err != nil {
-		return err
-	}
-	defer func() { b.nats.Close() }()
-	for i := range 3 {
-		if _, err := b.startRelay(ctx, i+1); err != nil {
+	if slices.ContainsFunc(allScenarios, func(sc string) bool { return sc != "quorum" && o.scenarios[sc] }) {
+		if err := b.single(ctx); err != nil {
 			return err
 		}
 	}
-	defer b.stopAll()
-	tok, err := os.ReadFile(filepath.Join(b.relays[0].dir, "admin.token"))
-	if err != nil {
-		return err
-	}
-	b.token = strings.TrimSpace(string(tok))
-	if err := b.waitFresh(ctx, 3); err != nil {
-		return err
-	}
-
-	backend := startBackend()
-	defer backend.Close()
-	var entries []*url.URL
-	for _, r := range b.relays {
-		u, _ := url.Parse(r.url())
-		entries = append(entries, u)
-	}
-	devices := make([]string, o.devices)
-	for i := range devices {
-		devices[i] = fmt.Sprintf("dev-%03d", i)
-		if err := startAgent(ctx, entries, devices[i], backend.URL); err != nil {
+	if o.scenarios["quorum"] {
+		if err := b.quorum(ctx); err != nil {
 			return err
 		}
-	}
-	if err := b.waitOnline(ctx, devices); err != nil {
-		return err
-	}
-	b.logf("# Failover: %d devices, 3 relays, %d trials each\n\n", len(devices), o.trials)
-	b.logf("Relays are `switchboard serve` processes on one NATS (hosted by the harness); native agents and the backend run in the harness. Requests go through the surviving relays in turn, as through a load balancer whose health check has removed the dead one. Trials start at least %s apart.\n\n", o.gap)
-
-	load := startLoad(ctx, b, devices)
-	defer load.stop()
-
-	for _, kind := range []string{"kill", "freeze"} {
-		var times []time.Duration
-		timeouts := 0
-		for trial := range o.trials {
-			ts, lost, err := b.trial(ctx, kind, devices)
-			if err != nil {
-				return fmt.Errorf("%s trial %d: %w", kind, trial+1, err)
-			}
-			times = append(times, ts...)
-			timeouts += lost
-			fmt.Fprintf(os.Stderr, "%s trial %d: %d devices, p50 %s, max %s\n", kind, trial+1, len(ts), pct(ts, 50), pct(ts, 100))
-		}
-		b.logf("- **%s** (%d trials, %d affected devices): first success after the %s p50 **%s**, p99 **%s**, max %s; %d devices not back within 10 s\n",
-			map[string]string{"kill": "SIGKILL", "freeze": "SIGSTOP"}[kind], o.trials, len(times), map[string]string{"kill": "kill", "freeze": "freeze"}[kind],
-			pct(times, 50), pct(times, 99), pct(times, 100), timeouts)
-	}
-	if err := b.extras(ctx, devices, entries, backend.URL, load); err != nil {
-		return err
 	}
 	fmt.Print(b.out.String())
 	if o.md != "" {
 		return os.WriteFile(o.md, []byte(b.out.String()), 0o644)
 	}
 	return nil
+}
+
+// single runs the scenarios of three relays on one NATS server hosted by
+// the harness.
+func (b *bench) single(ctx context.Context) error {
+	o := b.o
+	ctx, cancel := context.WithCancel(ctx) // the agents' lifetime
+	defer cancel()
+	if err := b.startNATS(ctx, "127.0.0.1:0"); err != nil {
+		return err
+	}
+	defer func() { b.nats.Close() }()
+	devices, entries, backend, err := b.startFleet(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.stopAll()
+	defer backend.Close()
+	b.logf("# Failover: %d devices, 3 relays, %d trials each\n\n", len(devices), o.trials)
+	b.logf("Relays are `switchboard serve` processes on one NATS (hosted by the harness); native agents and the backend run in the harness. Requests go through the surviving relays in turn, as through a load balancer whose health check has removed the dead one. The load alternates GET and POST, one request every 5 ms, to every device in turn through every relay that is up (two in three need a forward hop). Trials start at least %s apart.\n\n", o.gap)
+
+	load := startLoad(ctx, b.relays, devices)
+	defer load.stop()
+
+	for _, kind := range []string{"kill", "freeze"} {
+		if !o.scenarios[kind] {
+			continue
+		}
+		var times []time.Duration
+		timeouts := 0
+		load.reset()
+		for trial := range o.trials {
+			ts, lost, err := b.trial(ctx, kind, devices, load)
+			if err != nil {
+				return fmt.Errorf("%s trial %d: %w", kind, trial+1, err)
+			}
+			times = append(times, ts...)
+			timeouts += lost
+			fmt.Fprintf(os.Stderr, "%s trial %d: %d devices, p50 %s, max %s; load so far: %s\n", kind, trial+1, len(ts), pct(ts, 50), pct(ts, 100), load.summary())
+		}
+		b.logf("- **%s** (%d trials, %d affected devices): first success after the %s p50 **%s**, p99 **%s**, max %s; %d devices not back within 10 s; the load during the trials: %s\n",
+			map[string]string{"kill": "SIGKILL", "freeze": "SIGSTOP"}[kind], o.trials, len(times), map[string]string{"kill": "kill", "freeze": "freeze"}[kind],
+			pct(times, 50), pct(times, 99), pct(times, 100), timeouts, load.summary())
+	}
+	return b.extras(ctx, devices, entries, backend.URL, load)
+}
+
+// startFleet starts three relays (in the bench's directory), a backend and
+// an agent per device, and waits until every device is online. The agents
+// run until ctx ends.
+func (b *bench) startFleet(ctx context.Context) (devices []string, entries []*url.URL, backend *backendServer, err error) {
+	for i := range 3 {
+		if _, err := b.startRelay(ctx, i+1); err != nil {
+			b.stopAll()
+			return nil, nil, nil, err
+		}
+	}
+	tok, err := os.ReadFile(filepath.Join(b.relays[0].dir, "admin.token"))
+	if err != nil {
+		b.stopAll()
+		return nil, nil, nil, err
+	}
+	b.token = strings.TrimSpace(string(tok))
+	if err := b.waitFresh(ctx, 3); err != nil {
+		b.stopAll()
+		return nil, nil, nil, err
+	}
+	backend = startBackend()
+	for _, r := range b.relays {
+		u, _ := url.Parse(r.url())
+		entries = append(entries, u)
+	}
+	devices = make([]string, b.o.devices)
+	for i := range devices {
+		devices[i] = fmt.Sprintf("dev-%03d", i)
+		if err := startAgent(ctx, entries, devices[i], backend.URL); err != nil {
+			backend.Close()
+			b.stopAll()
+			return nil, nil, nil, err
+		}
+	}
+	if err := b.waitOnline(ctx, devices); err != nil {
+		backend.Close()
+		b.stopAll()
+		return nil, nil, nil, err
+	}
+	return devices, entries, backend, nil
 }
 
 func (b *bench) logf(format string, args ...any) { fmt.Fprintf(&b.out, format, args...) }
@@ -189,9 +260,10 @@ func (b *bench) startRelay(ctx context.Context, n int) (*relayProc, error) {
 		r = &relayProc{n: n, port: benchkit.FreePort(), admin: benchkit.FreePort(), dir: filepath.Join(b.dir, fmt.Sprintf("relay%d", n))}
 		b.relays = append(b.relays, r)
 	}
-	r.cmd = exec.Command(b.bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
+	args := append([]string{"serve", "--listen", "127.0.0.1:" + r.port, "--admin-listen", "127.0.0.1:" + r.admin,
 		"--data", r.dir, "--nats", b.natsAt, "--advertise", r.url(),
-		"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error")
+		"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error"}, b.relayArgs...)
+	r.cmd = exec.Command(b.bin, args...)
 	r.cmd.Stderr = os.Stderr
 	if err := r.cmd.Start(); err != nil {
 		return nil, err
@@ -288,7 +360,7 @@ func (b *bench) waitOnline(ctx context.Context, devices []string) error {
 // trial kills or freezes the relay holding most devices and returns, per
 // device it held, the time to the first successful request through a
 // surviving relay, and how many devices did not come back within 10 s.
-func (b *bench) trial(ctx context.Context, kind string, devices []string) ([]time.Duration, int, error) {
+func (b *bench) trial(ctx context.Context, kind string, devices []string, load *load) ([]time.Duration, int, error) {
 	if err := b.waitOnline(ctx, devices); err != nil {
 		return nil, 0, err
 	}
@@ -297,9 +369,12 @@ func (b *bench) trial(ctx context.Context, kind string, devices []string) ([]tim
 		return nil, 0, err
 	}
 	held := map[string][]string{}
+	where := map[string]string{}
 	for _, d := range ds {
 		held[d.RelayID] = append(held[d.RelayID], d.Name)
+		where[d.Name] = d.RelayID
 	}
+	load.setHolders(where)
 	var victim *relayProc
 	for _, r := range b.relays {
 		if victim == nil || len(held[r.id]) > len(held[victim.id]) {
@@ -322,6 +397,7 @@ func (b *bench) trial(ctx context.Context, kind string, devices []string) ([]tim
 	}
 	start := time.Now()
 	b.last = start
+	victim.down.Store(true) // the load balancer's health check removes it at once
 	if err := victim.cmd.Process.Signal(sig); err != nil {
 		return nil, 0, err
 	}
@@ -354,8 +430,12 @@ func (b *bench) trial(ctx context.Context, kind string, devices []string) ([]tim
 			ok = append(ok, t)
 		}
 	}
-	// Bring the relay back: a killed one restarts on its data dir (the same
-	// relay id), a frozen one resumes.
+	// Bring the relay back, once it has been down long enough for the
+	// load's count to cover the whole failover: a killed one restarts on
+	// its data dir (the same relay id), a frozen one resumes.
+	if wait := minDown - time.Since(start); wait > 0 {
+		<-time.After(wait)
+	}
 	if kind == "kill" {
 		<-victim.done
 		if _, err := b.startRelay(ctx, victim.n); err != nil {
@@ -364,11 +444,15 @@ func (b *bench) trial(ctx context.Context, kind string, devices []string) ([]tim
 	} else {
 		victim.cmd.Process.Signal(syscall.SIGCONT)
 	}
+	victim.down.Store(false)
 	if err := b.waitFresh(ctx, 3); err != nil {
 		return nil, 0, err
 	}
 	return ok, lost, b.waitOnline(ctx, devices)
 }
+
+// minDown is how long a trial's victim stays dead or frozen at least.
+const minDown = 3 * time.Second
 
 // firstSuccess probes device through the relays in turn until a request
 // succeeds, and returns how long after start; -1 after 10 s.
@@ -394,18 +478,54 @@ func (b *bench) firstSuccess(ctx context.Context, device string, relays []string
 	return -1
 }
 
-// extras measures the fleet's other promises under load.
+// extras measures the fleet's other promises under load, each scenario
+// that was asked for.
 func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL, backend string, load *load) error {
 	b.logf("\n")
-	// A fourth relay joins: stickiness moves nothing.
+	if b.o.scenarios["join"] {
+		if err := b.join(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.scenarios["drain"] {
+		if err := b.drain(ctx, load); err != nil {
+			return err
+		}
+	}
+	if b.o.scenarios["place"] {
+		if err := b.place(ctx, entries, backend); err != nil {
+			return err
+		}
+	}
+	if b.o.scenarios["visibility"] {
+		// How fast a directory change reaches every relay.
+		var spreads []time.Duration
+		for i := range 50 {
+			d := fmt.Sprintf("vis-%03d", i)
+			seen, err := b.visibility(ctx, entries, d, backend)
+			if err != nil {
+				return err
+			}
+			spreads = append(spreads, seen)
+		}
+		b.logf("- **directory change visible on every relay** (from the first relay showing a new device to the last; 50 devices): p50 %s, p99 **%s**\n", pct(spreads, 50), pct(spreads, 99))
+	}
+	if b.o.scenarios["nats"] {
+		return b.natsOutage(ctx, devices, load)
+	}
+	return nil
+}
+
+// join starts a fourth relay under load: stickiness moves nothing.
+func (b *bench) join(ctx context.Context) error {
 	before, err := b.directory(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := b.startRelay(ctx, 4); err != nil {
+	if _, err := b.startRelay(ctx, len(b.relays)+1); err != nil {
 		return err
 	}
-	if err := b.waitFresh(ctx, 4); err != nil {
+	if err := b.waitFresh(ctx, len(b.relays)); err != nil {
 		return err
 	}
 	<-time.After(5 * time.Second) // a fixed window in which any move would happen
@@ -420,9 +540,17 @@ func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL
 		}
 	}
 	b.logf("- **a 4th relay joins** under load: %d of %d devices moved (5 s watched)\n", moved, len(before))
+	return nil
+}
 
-	// Drain the relay with the most devices: only its devices move, and no
-	// request fails.
+// drain drains the relay with the most devices: only its devices move, and
+// no request fails.
+func (b *bench) drain(ctx context.Context, load *load) error {
+	after, err := b.directory(ctx)
+	if err != nil {
+		return err
+	}
+	load.setHolders(after)
 	held := map[string]int{}
 	for _, r := range after {
 		held[r]++
@@ -464,14 +592,15 @@ func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL
 		}
 	}
 	attempted, failed := load.counts()
-	b.logf("- **drain** of the relay holding %d devices: all moved in %s; devices of other relays moved: %d; requests during the drain: %d, failed: %d\n",
-		held[victim.id], drained.Round(time.Millisecond), others, attempted, failed)
-	if _, err := b.api(nil).SetRelayDraining(ctx, victim.id, false); err != nil {
-		return err
-	}
+	b.logf("- **drain** of the relay holding %d devices: all moved in %s; devices of other relays moved: %d; requests during the drain: %d, failed: %d (%s)\n",
+		held[victim.id], drained.Round(time.Millisecond), others, attempted, failed, load.summary())
+	_, err = b.api(nil).SetRelayDraining(ctx, victim.id, false)
+	return err
+}
 
-	// 1,000 new devices arrive, 200 a second: how evenly the four relays
-	// take them.
+// place connects 1,000 new devices, 200 a second: how evenly the relays
+// take them.
+func (b *bench) place(ctx context.Context, entries []*url.URL, backend string) error {
 	spread, total, err := b.placeMany(ctx, entries, backend, 1000)
 	if err != nil {
 		return err
@@ -480,32 +609,80 @@ func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL
 	for _, k := range total {
 		sum += k
 	}
-	b.logf("- **1,000 new devices over 4 relays** (native agents arriving 200 a second, on top of the %d already there): all devices per relay %v, max/avg **%.3f**; the new ones alone %v (they even out what the failover trials left uneven)\n",
-		sum-1000, total, float64(slices.Max(total))*float64(len(total))/float64(sum), spread)
+	b.logf("- **1,000 new devices over %d relays** (native agents arriving 200 a second, on top of the %d already there): all devices per relay %v, max/avg **%.3f**; the new ones alone %v (they even out what the failover trials left uneven)\n",
+		len(total), sum-1000, total, float64(slices.Max(total))*float64(len(total))/float64(sum), spread)
+	return nil
+}
 
-	// How fast a directory change reaches every relay.
-	var spreads []time.Duration
-	for i := range 50 {
-		d := fmt.Sprintf("vis-%03d", i)
-		seen, err := b.visibility(ctx, entries, d, backend)
-		if err != nil {
-			return err
-		}
-		spreads = append(spreads, seen)
+// natsOutage stops the NATS server under load for -nats-outage, longer
+// than the relays' fresh window: devices already attached keep working,
+// forwarded requests included, and the fleet converges once it is back.
+func (b *bench) natsOutage(ctx context.Context, devices []string, load *load) error {
+	dir, err := b.directory(ctx)
+	if err != nil {
+		return err
 	}
-	b.logf("- **directory change visible on every relay** (from the first relay showing a new device to the last; 50 devices): p50 %s, p99 **%s**\n", pct(spreads, 50), pct(spreads, 99))
-
-	// NATS goes away under load: devices already attached keep working.
+	load.setHolders(dir)
 	load.reset()
 	b.nats.Close()
-	<-time.After(5 * time.Second) // the outage
-	attempted, failed = load.counts()
+	<-time.After(b.o.natsOutage)
+	attempted, failed := load.counts()
+	summary := load.summary()
+	view := b.viewAges(ctx)
 	u, _ := url.Parse(b.natsAt)
+	back := time.Now()
 	if err := b.startNATS(ctx, u.Host); err != nil {
 		return err
 	}
-	b.logf("- **NATS down for 5 s** under load: %d requests, %d failed\n", attempted, failed)
-	return b.waitFresh(ctx, 4)
+	load.reset()
+	if err := b.converged(ctx, devices); err != nil {
+		return err
+	}
+	converged := time.Since(back)
+	after, afterFailed := load.counts()
+	b.logf("- **NATS down for %s** under load: %d requests, **%d failed** (%s); the relays' views were %s old at the end; back: every relay reaching NATS, every relay fresh and every device online after **%s**, %d of %d requests failed meanwhile\n",
+		b.o.natsOutage, attempted, failed, summary, view, converged.Round(time.Millisecond), afterFailed, after)
+	return nil
+}
+
+// viewAges returns how old each relay's view of the fleet is (ctl
+// status's view_age_ms), for the report.
+func (b *bench) viewAges(ctx context.Context) string {
+	var out []string
+	for _, r := range b.relays {
+		c := &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
+		s, err := c.Status(ctx)
+		if err != nil {
+			out = append(out, "?")
+			continue
+		}
+		out = append(out, (time.Duration(s.ViewAgeMS) * time.Millisecond).Round(100*time.Millisecond).String())
+	}
+	return strings.Join(out, ", ")
+}
+
+// converged waits until every relay reaches NATS again, sees every relay
+// fresh, and has every device online.
+func (b *bench) converged(ctx context.Context, devices []string) error {
+	if err := benchkit.Poll(ctx, 120*time.Second, 50*time.Millisecond, func() error {
+		for _, r := range b.relays {
+			c := &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
+			s, err := c.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if !s.NATSConnected || s.ViewAgeMS > 2000 {
+				return fmt.Errorf("relay %d: NATS connected %v, view %d ms old", r.n, s.NATSConnected, s.ViewAgeMS)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := b.waitFresh(ctx, len(b.relays)); err != nil {
+		return err
+	}
+	return b.waitOnline(ctx, devices)
 }
 
 // placeMany connects n agents for new devices, paced, waits until all are
@@ -615,21 +792,25 @@ func (b *bench) visibility(ctx context.Context, entries []*url.URL, device, back
 }
 
 // load sends a steady stream of requests, each to the next device through
-// the next live relay.
+// the next relay that is up (as a load balancer whose health check removed
+// a dead relay at once would), alternating GET and POST, and counts them by
+// kind: idempotent or not, and forwarded (the entry relay is not the
+// device's holder as last snapshot) or not.
 type load struct {
-	cancel            context.CancelFunc
-	done              chan struct{}
-	attempted, failed atomic.Int64
+	cancel  context.CancelFunc
+	done    chan struct{}
+	holders atomic.Pointer[map[string]string] // device → relay id, see setHolders
+	tallies [2][2]tally                       // [post][forwarded]
 }
 
-func startLoad(ctx context.Context, b *bench, devices []string) *load {
+// tally counts requests of one kind.
+type tally struct{ attempted, failed atomic.Int64 }
+
+func startLoad(ctx context.Context, relays []*relayProc, devices []string) *load {
 	ctx, cancel := context.WithCancel(ctx)
 	l := &load{cancel: cancel, done: make(chan struct{})}
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	var urls []string // the three first relays, as a load balancer without health checks sees them
-	for _, r := range b.relays {
-		urls = append(urls, r.url())
-	}
+	relays = slices.Clone(relays) // the first ones: relays that join later take no load
 	go func() {
 		defer close(l.done)
 		tick := time.NewTicker(5 * time.Millisecond)
@@ -642,22 +823,24 @@ func startLoad(ctx context.Context, b *bench, devices []string) *load {
 				return
 			case <-tick.C:
 			}
-			base, d := urls[i%len(urls)], devices[i%len(devices)]
+			r := nextUp(relays, i)
+			if r == nil {
+				continue
+			}
+			d, post := devices[i%len(devices)], i%2 == 1
+			forwarded := 0
+			if h := l.holders.Load(); h != nil && (*h)[d] != "" && (*h)[d] != r.id {
+				forwarded = 1
+			}
 			wg.Go(func() {
-				resp, err := c.Get(base + "/client/" + d + "/")
-				if err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusOK {
-						err = errors.New(resp.Status)
-					}
-				}
+				err := request(ctx, c, r.url()+"/client/"+d+"/", post)
 				if ctx.Err() != nil {
 					return
 				}
-				l.attempted.Add(1)
+				t := &l.tallies[b2i(post)][forwarded]
+				t.attempted.Add(1)
 				if err != nil {
-					l.failed.Add(1)
+					t.failed.Add(1)
 				}
 			})
 		}
@@ -665,9 +848,83 @@ func startLoad(ctx context.Context, b *bench, devices []string) *load {
 	return l
 }
 
-func (l *load) reset()                 { l.attempted.Store(0); l.failed.Store(0) }
-func (l *load) counts() (int64, int64) { return l.attempted.Load(), l.failed.Load() }
-func (l *load) stop()                  { l.cancel(); <-l.done }
+// nextUp returns the relay to send request i through: the i-th of relays,
+// or the next one that is up; nil when none is.
+func nextUp(relays []*relayProc, i int) *relayProc {
+	for k := range relays {
+		if r := relays[(i+k)%len(relays)]; !r.down.Load() {
+			return r
+		}
+	}
+	return nil
+}
+
+// request sends one GET, or one POST with a small body, and wants a 200.
+func request(ctx context.Context, c *http.Client, u string, post bool) error {
+	method, body := http.MethodGet, io.Reader(nil)
+	if post {
+		method, body = http.MethodPost, strings.NewReader(`{"n":1}`)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// setHolders snapshots where each device is, so that requests are counted
+// as forwarded or not.
+func (l *load) setHolders(dir map[string]string) { l.holders.Store(&dir) }
+
+func (l *load) reset() {
+	for i := range l.tallies {
+		for j := range l.tallies[i] {
+			l.tallies[i][j].attempted.Store(0)
+			l.tallies[i][j].failed.Store(0)
+		}
+	}
+}
+
+// counts returns the requests sent and failed since the last reset.
+func (l *load) counts() (attempted, failed int64) {
+	for i := range l.tallies {
+		for j := range l.tallies[i] {
+			attempted += l.tallies[i][j].attempted.Load()
+			failed += l.tallies[i][j].failed.Load()
+		}
+	}
+	return attempted, failed
+}
+
+// summary says, per kind, how many requests were sent and failed since the
+// last reset: "GET 1200 (800 forwarded), 0 failed (0 forwarded); POST …".
+func (l *load) summary() string {
+	var parts []string
+	for i, name := range []string{"GET", "POST"} {
+		loc, fwd := &l.tallies[i][0], &l.tallies[i][1]
+		parts = append(parts, fmt.Sprintf("%s %d (%d forwarded), %d failed (%d forwarded)", name,
+			loc.attempted.Load()+fwd.attempted.Load(), fwd.attempted.Load(), loc.failed.Load()+fwd.failed.Load(), fwd.failed.Load()))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (l *load) stop() { l.cancel(); <-l.done }
 
 func startAgent(ctx context.Context, entries []*url.URL, device, backend string) error {
 	bu, _ := url.Parse(backend)

@@ -43,7 +43,9 @@ type Config struct {
 	// BeatInterval is how often the relay heartbeats. Default 2 s.
 	BeatInterval time.Duration
 	// FreshAfter is how recent a relay's last beat must be for it to count
-	// as fresh. Default 3 beat intervals.
+	// as fresh, in this relay's view of the fleet: while its own beats stop
+	// coming back through NATS, ages are taken when the view froze
+	// (freshness.go). Default 3 beat intervals.
 	FreshAfter time.Duration
 	// MaxForward is the ceiling of devices this relay takes. Default 512.
 	MaxForward int

@@ -55,18 +55,23 @@ func (m *Member) housekeepOnce(ctx context.Context) {
 // within the lost window count as fresh until now, so that one that died with
 // the previous holder still raises its stale event.
 func (m *Member) lastKnownFreshness() map[string]bool {
-	t := time.Now()
+	v := m.view(time.Now())
 	out := map[string]bool{}
 	for _, r := range m.relays.all() {
-		out[r.ID] = t.Sub(r.LastSeenAt) < m.cfg.LostWindow
+		out[r.ID] = v.age(r.LastSeenAt) < m.cfg.LostWindow
 	}
 	return out
 }
 
 // sweep raises stale and fresh events, detaches the devices of lost relays,
 // reaps relays and devices abandoned for ReapAfter, raises secret parity
-// events and drops old fleet secrets whose grace ended.
+// events and drops old fleet secrets whose grace ended. Every age is
+// measured in this relay's view of the fleet, not against the clock: a
+// mirror that stopped receiving (a watch that delivers nothing while writes
+// still succeed) ages nobody, so that nothing is declared stale, lost or
+// reaped on a frozen picture.
 func (m *Member) sweep(ctx context.Context, t time.Time) {
+	v := m.view(t)
 	devs := m.devices.all()
 	attached := map[string][]string{} // relay id → devices with agents
 	for _, d := range devs {
@@ -75,8 +80,8 @@ func (m *Member) sweep(ctx context.Context, t time.Time) {
 		}
 	}
 	for _, r := range m.relays.all() {
-		age := t.Sub(r.LastSeenAt)
-		fresh := age <= m.cfg.FreshAfter
+		age := v.age(r.LastSeenAt)
+		fresh := v.fresh(r.LastSeenAt)
 		was, known := m.hk.fresh[r.ID]
 		m.hk.fresh[r.ID] = fresh
 		switch {
@@ -94,11 +99,11 @@ func (m *Member) sweep(ctx context.Context, t time.Time) {
 		}
 	}
 	for _, d := range devs {
-		if d.Agents == 0 && t.Sub(d.UpdatedAt) > m.cfg.ReapAfter {
+		if d.Agents == 0 && v.age(d.UpdatedAt) > m.cfg.ReapAfter {
 			m.reapDevice(ctx, d)
 		}
 	}
-	m.checkSecretParity(t)
+	m.checkSecretParity(v)
 	m.retireSecrets(ctx, t)
 }
 

@@ -34,6 +34,7 @@ var statusGauges = []statusGauge{
 	newGauge("devices_online", "Devices with agents on a fresh relay.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.OnlineDevices) }),
 	newGauge("devices_here", "Devices the directory places on this relay, with agents.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.DevicesHere) }),
 	newGauge("nats_connected", "1 while this relay reaches the fleet state in NATS.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.NATSConnected) }),
+	newGauge("view_age_seconds", "How far behind now this relay's view of the relay set is: 0 while its own heartbeats come back through it; freshness is judged at that moment.", prometheus.GaugeValue, func(s Status) float64 { return float64(s.ViewAgeMS) / 1000 }),
 	newGauge("housekeeping_lease", "1 while this relay holds the housekeeping lease.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.LeaseHeld) }),
 	newGauge("draining", "1 while this relay is marked draining.", prometheus.GaugeValue, func(s Status) float64 { return b2f(s.ShouldDrain) }),
 	newGauge("events_dropped_total", "Events dropped because NATS was away and the queue was full.", prometheus.CounterValue, func(s Status) float64 { return float64(s.EventsDropped) }),

@@ -89,8 +89,8 @@ func secretParity(relays []Relay, fresh func(Relay) bool, rec *SecretRecord) Sec
 
 // SecretParity compares the fleet secrets of the fresh relays now.
 func (m *Member) SecretParity() SecretParity {
-	t := time.Now()
-	return secretParity(m.relays.all(), func(r Relay) bool { return m.fresh(r, t) }, m.storedSecret())
+	v := m.view(time.Now())
+	return secretParity(m.relays.all(), func(r Relay) bool { return v.fresh(r.LastSeenAt) }, m.storedSecret())
 }
 
 // storedSecret returns the stored record as the mirror has it, or nil.
@@ -112,9 +112,9 @@ type secretView struct {
 }
 
 func (m *Member) refreshSecretView() {
-	t := time.Now()
+	fv := m.view(time.Now())
 	relays := m.relays.all()
-	p := secretParity(relays, func(r Relay) bool { return m.fresh(r, t) }, m.storedSecret())
+	p := secretParity(relays, func(r Relay) bool { return fv.fresh(r.LastSeenAt) }, m.storedSecret())
 	ours := m.secrets.Fingerprint()
 	v := &secretView{odd: map[string]bool{}, refuses: map[string]bool{}, legacy: map[string]bool{}}
 	for _, id := range p.Odd {
@@ -156,10 +156,10 @@ func (m *Member) SecretLegacy(id string) bool {
 // checkSecretParity records, for the lease holder, each change of the set
 // of odd relays: secret.mismatch for a relay that became odd, and
 // secret.parity for one that no longer is.
-func (m *Member) checkSecretParity(t time.Time) {
+func (m *Member) checkSecretParity(v view) {
 	relays := m.relays.all()
 	rec := m.storedSecret()
-	p := secretParity(relays, func(r Relay) bool { return t.Sub(r.LastSeenAt) <= m.cfg.FreshAfter }, rec)
+	p := secretParity(relays, func(r Relay) bool { return v.fresh(r.LastSeenAt) }, rec)
 	odd := map[string]bool{}
 	byID := map[string]Relay{}
 	for _, r := range relays {
@@ -185,7 +185,7 @@ func (m *Member) checkSecretParity(t time.Time) {
 			continue
 		}
 		msg := fmt.Sprintf("relay %s runs the fleet's secret %s again", id, p.Expected)
-		if r, ok := byID[id]; !ok || t.Sub(r.LastSeenAt) > m.cfg.FreshAfter {
+		if r, ok := byID[id]; !ok || !v.fresh(r.LastSeenAt) {
 			msg = fmt.Sprintf("relay %s stopped beating: it no longer counts for secret parity", id)
 		}
 		if len(p.Odd) == 0 {

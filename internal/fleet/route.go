@@ -51,7 +51,7 @@ func (m *Member) Known(device string) bool {
 // move — else Holder's choice.
 func (m *Member) Route(device, region string, vetoed func(id string) bool, exclude string) (Target, bool) {
 	if d, found := m.devices.get(deviceKey(device)); found && d.Agents > 0 && d.RelayID != exclude {
-		if r, ok := m.relays.get(d.RelayID); ok && m.fresh(r, time.Now()) && r.Healthy && (vetoed == nil || !vetoed(r.ID)) {
+		if r, ok := m.relays.get(d.RelayID); ok && m.view(time.Now()).fresh(r.LastSeenAt) && r.Healthy && (vetoed == nil || !vetoed(r.ID)) {
 			return m.target(r), true
 		}
 	}
@@ -72,7 +72,7 @@ func (m *Member) target(r Relay) Target {
 // draining or stopping, not vetoed, and not excluded (an agent reported it
 // unreachable). ok is false when no relay is available.
 func (m *Member) Holder(device, region string, vetoed func(id string) bool, exclude string) (t Target, ok bool) {
-	now := time.Now()
+	v := m.view(time.Now())
 	current := ""
 	if d, found := m.devices.get(deviceKey(device)); found {
 		current = d.RelayID
@@ -84,7 +84,7 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 	selfOut := m.shouldDrain.Load() || m.cfg.Local.Stopping()
 	m.relays.mu.RLock()
 	for _, r := range m.relays.items {
-		avail := m.fresh(r, now) && r.Healthy && !r.Draining && !r.Stopping && r.ID != exclude &&
+		avail := v.fresh(r.LastSeenAt) && r.Healthy && !r.Draining && !r.Stopping && r.ID != exclude &&
 			!(selfOut && r.ID == m.cfg.RelayID)
 		if avail && vetoed != nil && vetoed(r.ID) {
 			avail = false
@@ -104,11 +104,11 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 // Ranked returns the available relays, best first for device: the list an
 // agent walks when its relay is lost.
 func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []Target {
-	now := time.Now()
+	v := m.view(time.Now())
 	var cands []ranking.Relay
 	addrs := map[string]string{}
 	for _, r := range m.relays.all() {
-		avail := m.fresh(r, now) && r.Healthy && !r.Draining && !r.Stopping && (vetoed == nil || !vetoed(r.ID))
+		avail := v.fresh(r.LastSeenAt) && r.Healthy && !r.Draining && !r.Stopping && (vetoed == nil || !vetoed(r.ID))
 		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: m.loads.of(r.ID), Capacity: r.MaxForward})
 		if len(r.Addresses) > 0 {
 			addrs[r.ID] = r.Addresses[0]

@@ -491,13 +491,13 @@ type SecretStatus struct {
 
 // SecretStatus returns the fleet secret as this relay sees it.
 func (m *Member) SecretStatus() SecretStatus {
-	t := time.Now()
+	v := m.view(time.Now())
 	relays := m.relays.all()
 	var rec *SecretRecord
 	if r, ok := m.secretRec.get(SecretRecordKey); ok {
 		rec = &r
 	}
-	p := secretParity(relays, func(r Relay) bool { return m.fresh(r, t) }, rec)
+	p := secretParity(relays, func(r Relay) bool { return v.fresh(r.LastSeenAt) }, rec)
 	st := SecretStatus{RelayID: m.cfg.RelayID, Source: m.SecretSource(), Parity: p, Relays: []RelaySecret{}}
 	if rec != nil {
 		info := recordInfo(*rec)
@@ -505,7 +505,7 @@ func (m *Member) SecretStatus() SecretStatus {
 	}
 	for _, r := range relays {
 		st.Relays = append(st.Relays, RelaySecret{
-			ID: r.ID, Fresh: m.fresh(r, t), SecretSource: r.SecretSource, SecretFingerprint: r.SecretFingerprint,
+			ID: r.ID, Fresh: v.fresh(r.LastSeenAt), SecretSource: r.SecretSource, SecretFingerprint: r.SecretFingerprint,
 			SecretAccepted: nonNil(r.SecretAccepted), Odd: slices.Contains(p.Odd, r.ID),
 		})
 	}
@@ -517,11 +517,11 @@ func (m *Member) SecretStatus() SecretStatus {
 // the stored record: it runs a file-supplied secret, or an earlier version
 // that reports none.
 func (m *Member) rotationGuard() ([]Relay, error) {
-	t := time.Now()
+	v := m.view(time.Now())
 	var fresh []Relay
 	var files, old []string
 	for _, r := range m.relays.all() {
-		if !m.fresh(r, t) {
+		if !v.fresh(r.LastSeenAt) {
 			continue
 		}
 		fresh = append(fresh, r)

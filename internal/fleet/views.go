@@ -63,11 +63,11 @@ type DeviceLink struct {
 // Relays returns every known relay, including those that stopped beating,
 // sorted by id.
 func (m *Member) Relays() []RelayStatus {
-	t := time.Now()
+	v := m.view(time.Now())
 	rs := m.relays.all()
 	out := make([]RelayStatus, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, m.relayStatus(r, t, m.loads.of(r.ID)))
+		out = append(out, m.relayStatus(r, v, m.loads.of(r.ID)))
 	}
 	slices.SortFunc(out, func(a, b RelayStatus) int { return strings.Compare(a.ID, b.ID) })
 	return out
@@ -79,13 +79,13 @@ func (m *Member) Relay(id string) (RelayStatus, error) {
 	if !ok {
 		return RelayStatus{}, fmt.Errorf("relay %q: %w", id, ErrNotFound)
 	}
-	return m.relayStatus(r, time.Now(), m.loads.of(id)), nil
+	return m.relayStatus(r, m.view(time.Now()), m.loads.of(id)), nil
 }
 
-func (m *Member) relayStatus(r Relay, t time.Time, attached int) RelayStatus {
+func (m *Member) relayStatus(r Relay, v view, attached int) RelayStatus {
 	return RelayStatus{
 		ID: r.ID, Hostname: r.Hostname, Region: r.Region, Addresses: nonNil(r.Addresses),
-		Version: r.Version, Healthy: r.Healthy, Fresh: m.fresh(r, t), Draining: r.Draining, Stopping: r.Stopping,
+		Version: r.Version, Healthy: r.Healthy, Fresh: v.fresh(r.LastSeenAt), Draining: r.Draining, Stopping: r.Stopping,
 		LastSeenAt: r.LastSeenAt, EnrolledAt: r.EnrolledAt, StartedAt: r.StartedAt,
 		ForwardSessions: r.ForwardSessions, MaxForward: r.MaxForward,
 		AgentSessions: r.AgentSessions, AttachedDevices: attached,
@@ -95,8 +95,6 @@ func (m *Member) relayStatus(r Relay, t time.Time, attached int) RelayStatus {
 
 // LostWindow returns the configured lost window.
 func (m *Member) LostWindow() time.Duration { return m.cfg.LostWindow }
-
-func (m *Member) fresh(r Relay, t time.Time) bool { return t.Sub(r.LastSeenAt) <= m.cfg.FreshAfter }
 
 // SetRelayDraining sets relay id's drain flag: the only way to undrain. It
 // records an event when the flag changes.
@@ -115,11 +113,11 @@ func (m *Member) SetRelayDraining(ctx context.Context, id string, draining bool)
 
 // Devices returns every device in the directory, sorted by name.
 func (m *Member) Devices() []DeviceStatus {
-	t := time.Now()
+	v := m.view(time.Now())
 	ds := m.devices.all()
 	out := make([]DeviceStatus, 0, len(ds))
 	for _, d := range ds {
-		out = append(out, m.deviceStatus(d, t))
+		out = append(out, m.deviceStatus(d, v))
 	}
 	slices.SortFunc(out, func(a, b DeviceStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
@@ -131,21 +129,21 @@ func (m *Member) Device(name string) (DeviceLink, error) {
 	if !ok {
 		return DeviceLink{}, fmt.Errorf("device %q: %w", name, ErrNotFound)
 	}
-	link := DeviceLink{DeviceStatus: m.deviceStatus(d, time.Now())}
+	link := DeviceLink{DeviceStatus: m.deviceStatus(d, m.view(time.Now()))}
 	if r, err := m.Relay(d.RelayID); err == nil {
 		link.Relay = &r
 	}
 	return link, nil
 }
 
-func (m *Member) deviceStatus(d Attachment, t time.Time) DeviceStatus {
+func (m *Member) deviceStatus(d Attachment, v view) DeviceStatus {
 	s := DeviceStatus{
 		Name: d.Device, RelayID: d.RelayID, AttachedAt: d.AttachedAt, Agents: d.Agents,
 		Protocol: d.Protocol, UpdatedAt: d.UpdatedAt, State: StateOffline,
 	}
 	if d.Agents > 0 {
 		r, ok := m.relays.get(d.RelayID)
-		s.Fresh = ok && m.fresh(r, t)
+		s.Fresh = ok && v.fresh(r.LastSeenAt)
 		s.State = StateStale
 		if s.Fresh {
 			s.State = StateOnline
@@ -180,6 +178,11 @@ type Status struct {
 	// with agents: what an autoscaler weighs a relay by.
 	DevicesHere   int   `json:"devices_here"`
 	EventsDropped int64 `json:"events_dropped"`
+	// ViewAgeMS is how far behind now this relay's view of the relay set
+	// is: 0 while its own heartbeats come back through its watch, growing
+	// while NATS is away or takes no writes. Freshness is judged at the
+	// moment the view was current (docs/design/fleet-state.md).
+	ViewAgeMS int64 `json:"view_age_ms"`
 	// SecretFingerprint names the fleet secret this relay signs with, and
 	// SecretSource says where it comes from ("fleet" or "file").
 	SecretFingerprint string `json:"secret_fingerprint"`
@@ -202,11 +205,13 @@ func (m *Member) Status() Status {
 	// Counted in place: a scrape of /metrics asks for this, and the sorted
 	// lists of Relays and Devices would cost it a copy of the directory.
 	t := time.Now()
+	v := m.view(t)
+	s.ViewAgeMS = t.Sub(v.at).Milliseconds()
 	fresh := map[string]bool{}
 	m.relays.mu.RLock()
 	for _, r := range m.relays.items {
 		s.Relays++
-		fresh[r.ID] = m.fresh(r, t)
+		fresh[r.ID] = v.fresh(r.LastSeenAt)
 		if fresh[r.ID] {
 			s.FreshRelays++
 		}

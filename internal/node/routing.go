@@ -173,11 +173,13 @@ func (t *probeTransport) CloseIdleConnections() {
 	t.tls.CloseIdleConnections()
 }
 
-// watchedPeers are the other relays that beat within the lost window.
+// watchedPeers are the other relays that beat within the lost window, in
+// this relay's view of the fleet: while NATS is away that view is frozen,
+// and the watchdog, the only judge of a peer left, keeps watching them all.
 func (n *Node) watchedPeers() []watchdog.Peer {
 	var out []watchdog.Peer
 	for _, r := range n.member.Relays() {
-		if r.ID == n.member.ID() || len(r.Addresses) == 0 || time.Since(r.LastSeenAt) > n.member.LostWindow() {
+		if r.ID == n.member.ID() || len(r.Addresses) == 0 || n.member.HeartbeatAge(r.LastSeenAt) > n.member.LostWindow() {
 			continue
 		}
 		out = append(out, watchdog.Peer{ID: r.ID, Address: r.Addresses[0]})
