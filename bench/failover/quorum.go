@@ -34,7 +34,7 @@ func (n *natsNode) url() string { return "nats://127.0.0.1:" + n.port }
 func (b *bench) quorum(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx) // the agents' lifetime
 	defer cancel()
-	server, err := natsServerBinary(b.o.natsServer, b.dir)
+	server, err := benchkit.Build(b.o.natsServer, b.dir, "nats-server", "github.com/nats-io/nats-server/v2")
 	if err != nil {
 		return err
 	}
@@ -103,19 +103,6 @@ func (b *bench) quorum(ctx context.Context) error {
 	b.logf("- **the two nodes restarted**: every stream with a leader and every replica current after %s; every relay reaching NATS, every relay fresh and every device online after **%s**; %d of %d requests failed meanwhile\n",
 		ready.Round(time.Millisecond), converged.Round(time.Millisecond), afterFailed, after)
 	return nil
-}
-
-// natsServerBinary returns bin, or builds nats-server from the module's own
-// dependency into dir.
-func natsServerBinary(bin, dir string) (string, error) {
-	if bin != "" {
-		return bin, nil
-	}
-	bin = filepath.Join(dir, "nats-server")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building nats-server: %v: %s", err, out)
-	}
-	return bin, nil
 }
 
 // startCluster starts three nats-server processes with JetStream, routed to

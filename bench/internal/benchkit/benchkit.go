@@ -21,12 +21,19 @@ import (
 // Binary returns bin, or builds ./cmd/switchboard into dir and returns its
 // path when bin is empty. Run it from the module's root.
 func Binary(bin, dir string) (string, error) {
+	return Build(bin, dir, "switchboard", "./cmd/switchboard")
+}
+
+// Build returns bin, or builds the package pkg (a path of this module or of
+// one of its dependencies) into dir/name and returns that path when bin is
+// empty.
+func Build(bin, dir, name, pkg string) (string, error) {
 	if bin != "" {
 		return bin, nil
 	}
-	bin = filepath.Join(dir, "switchboard")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/switchboard").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build: %v: %s", err, out)
+	bin = filepath.Join(dir, name)
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building %s: %v: %s", pkg, err, out)
 	}
 	return bin, nil
 }
