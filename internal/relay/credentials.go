@@ -3,6 +3,7 @@ package relay
 import (
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/switchboard-relay/switchboard/internal/access"
@@ -57,6 +58,19 @@ func looksLikeOurs(token string) bool {
 	return len(token) > 4 && token[0] == 's' && token[1] == 'b' && token[3] == '_'
 }
 
+// ourTokenShape is a Switchboard token anywhere in a header value.
+var ourTokenShape = regexp.MustCompile(`sb[a-z]_[0-9a-f]{8}_`)
+
+// carriesOurs reports whether an Authorization value holds a Switchboard
+// token: as its bearer token, or anywhere else in it (a value the relay does
+// not parse, such as "Basic x, Bearer sbu_…", is no less a leak).
+func carriesOurs(v string) bool {
+	if t, ok := Bearer(v); ok && looksLikeOurs(t) {
+		return true
+	}
+	return ourTokenShape.MatchString(v)
+}
+
 // StripCredentials removes from a request leaving the relay every
 // credential the relay understands, every value of it, whichever one was
 // used to let the request in: Proxy-Authorization, Authorization bearer
@@ -75,7 +89,7 @@ func StripCredentials(h http.Header, u *url.URL) {
 	if vv := h.Values("Authorization"); len(vv) > 0 {
 		var keep []string
 		for _, v := range vv {
-			if t, ok := Bearer(v); !ok || !looksLikeOurs(t) {
+			if !carriesOurs(v) {
 				keep = append(keep, v)
 			}
 		}

@@ -29,6 +29,9 @@ func TestStripCredentials(t *testing.T) {
 			"Authorization": {"Bearer device-own", "Basic dXNlcjpwdw=="},
 			"Cookie":        {"theirs=1; other=2"},
 		}, "code=oauth-callback&x=1"},
+		{"a token inside a value the relay does not parse", http.Header{
+			"Authorization": {"Basic dXNlcjpwdw==, Bearer sbu_0123abcd_" + "AAAA", "Bearer device-own"},
+		}, "", http.Header{"Authorization": {"Bearer device-own"}}, ""},
 		{"relay-internal headers", http.Header{
 			"X-Switchboard-Peer": {"v2 forged"}, "X-Switchboard-Hops": {"1"}, "X-Switchboard-Code": {"n 1"},
 			"X-Switchboard-Upgrade": {"websocket"}, "x-switchboard-token": {tok}, "X-Other": {"kept"},
