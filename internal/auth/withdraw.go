@@ -6,15 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/switchboard-relay/switchboard/internal/backoff"
+	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
 // ErrUnavailable is wrapped by the error of a Create that failed because
 // NATS cannot be reached: nothing was written.
-var ErrUnavailable = errors.New("the token store cannot reach NATS")
+var ErrUnavailable = errors.New("the token store cannot write to NATS (unreachable, or a cluster without its quorum)")
 
 // withdrawTimeout bounds one attempt to delete a withdrawn token's key.
 const withdrawTimeout = 5 * time.Second
@@ -99,10 +97,11 @@ func (s *Store) deletePending() bool {
 	return done
 }
 
-// createError is the error of a Create whose write failed with err.
+// createError is the error of a Create whose write failed with err. A
+// write that NATS did not confirm in time counts as NATS being away too: a
+// cluster that lost its quorum takes the connection but confirms nothing.
 func createError(err error) error {
-	if errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) ||
-		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
+	if store.Unavailable(err) {
 		return fmt.Errorf("auth: create token: %w (%w); no token was created", ErrUnavailable, err)
 	}
 	return fmt.Errorf("auth: create token: %w; no token was created (should the write still reach NATS, the token is deleted)", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
 // Paths of the fleet part of the operator API.
@@ -274,8 +275,8 @@ func writeFleetError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, fleet.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error()+"; list them with 'switchboard ctl relays list' or 'ctl devices list'")
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, fleet.ErrConflict):
-		writeError(w, http.StatusServiceUnavailable, "the fleet state did not answer in time (is NATS reachable?): "+err.Error())
+	case store.Unavailable(err), errors.Is(err, fleet.ErrConflict):
+		writeError(w, http.StatusServiceUnavailable, "the fleet state in NATS did not answer (NATS unreachable, or a cluster electing a leader or without its quorum); a change asked for may not have been made: check with 'switchboard ctl relays list' or 'ctl devices list', and try again: "+err.Error())
 	default:
 		writeError(w, http.StatusInternalServerError, err.Error())
 	}

@@ -227,7 +227,7 @@ func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if errors.Is(err, auth.ErrUnavailable) {
-		writeError(w, http.StatusServiceUnavailable, "no token was created: this relay cannot reach NATS, where tokens are kept; try again once it can ("+err.Error()+")")
+		writeError(w, http.StatusServiceUnavailable, "no token was created: NATS, where tokens are kept, is unreachable from this relay or has lost its quorum; try again once it is back ("+err.Error()+")")
 		return
 	}
 	if err != nil {

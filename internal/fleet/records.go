@@ -81,9 +81,11 @@ func updateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, h
 	return zero, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrConflict)
 }
 
-// isConflict reports whether err is a lost compare-and-set.
+// isConflict reports whether err is a lost compare-and-set: a Create of a
+// key that exists, or an Update from a revision that is no longer the
+// key's. Replicated streams (a NATS cluster, --nats-replicas 3) report the
+// second with another code than a single server; ErrKeyRevisionMismatch
+// covers both.
 func isConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyExists) ||
-		errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }

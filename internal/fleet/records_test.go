@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -96,5 +97,27 @@ func TestRelayIDFromName(t *testing.T) {
 			t.Errorf("%q and %q both give %q", name, other, id)
 		}
 		seen[id] = name
+	}
+}
+
+// TestIsConflict: a lost compare-and-set is a conflict whichever code the
+// stream reports it with (a single server 10071, a replicated stream 10164),
+// as nats.go's KV hands them back; other API errors are not.
+func TestIsConflict(t *testing.T) {
+	single := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}
+	replicated := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant}
+	for _, tt := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("nats: %w: %w", single, jetstream.ErrKeyRevisionMismatch), true},
+		{fmt.Errorf("nats: %w: %w", replicated, jetstream.ErrKeyRevisionMismatch), true},
+		{fmt.Errorf("create: %w", jetstream.ErrKeyExists), true},
+		{&jetstream.APIError{Code: 503, ErrorCode: jetstream.JSErrCodeJetStreamNotEnabled}, false},
+		{jetstream.ErrNoStreamResponse, false},
+	} {
+		if got := isConflict(tt.err); got != tt.want {
+			t.Errorf("isConflict(%v) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,23 +67,31 @@ func startBrowser(t *testing.T, ctx context.Context, path string) (tab context.C
 }
 
 // TestAdminPageInBrowser signs in to a real relay's admin page in a headless
-// browser the size of a phone, drains and undrains the relay with the page's
-// buttons, and checks the fleet state each time.
+// browser the size of a phone, in a fleet of two: drains and undrains the
+// relay with the page's buttons, checking the fleet state each time, and
+// sees the page refuse to drain the last relay left serving, saying how to
+// force it.
 func TestAdminPageInBrowser(t *testing.T) {
 	browser := findBrowser(t)
-	r := StartRelay(t)
+	relays := StartFleet(t, 2)
+	r, other := relays[0], relays[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	tab, stop := startBrowser(t, ctx, browser)
 	defer stop()
 
-	relayID := r.Node.Fleet().Status().RelayID
+	relayID, otherID := r.Node.Fleet().Status().RelayID, other.Node.Fleet().Status().RelayID
 	row := fmt.Sprintf(`tr[data-relay=%q]`, relayID)
 	drain := chromedp.CSS(row + ` button[value="drain"]`)
 	undrain := chromedp.CSS(row + ` button[value="undrain"]`)
-	Eventually(t, 10*time.Second, func() error { // the relay is in its own copy of the fleet state
-		_, err := r.Node.Fleet().Relay(relayID)
-		return err
+	drainOther := chromedp.CSS(fmt.Sprintf(`tr[data-relay=%q] button[value="drain"]`, otherID))
+	Eventually(t, 10*time.Second, func() error { // both relays are in this relay's copy of the fleet state
+		for _, id := range []string{relayID, otherID} {
+			if _, err := r.Node.Fleet().Relay(id); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 
 	err := chromedp.Do(tab,
@@ -106,7 +115,18 @@ func TestAdminPageInBrowser(t *testing.T) {
 	}
 	waitDraining(t, r, relayID, true)
 
-	if err := chromedp.Do(tab, chromedp.Click(undrain), chromedp.WaitVisible(drain)); err != nil {
+	// The other relay is now the last one serving: the page refuses.
+	alert := chromedp.CSS(`p.alert`)
+	if err := chromedp.Do(tab, chromedp.Click(drainOther), chromedp.WaitVisible(alert)); err != nil {
+		t.Fatalf("drain the last relay serving with the button: %v", err)
+	}
+	msg, err := chromedp.Run(tab, chromedp.Evaluate[string](`document.querySelector("p.alert").textContent`))
+	if err != nil || !strings.Contains(msg, "was not drained") || !strings.Contains(msg, "--force "+otherID) {
+		t.Fatalf("the page says %q (%v) on draining the last relay serving; want a refusal naming --force", msg, err)
+	}
+	waitDraining(t, r, otherID, false)
+
+	if err := chromedp.Do(tab, chromedp.Navigate(r.AdminURL+control.PathAdmin), chromedp.Click(undrain), chromedp.WaitVisible(drain)); err != nil {
 		t.Fatalf("undrain with the button: %v", err)
 	}
 	waitDraining(t, r, relayID, false)
