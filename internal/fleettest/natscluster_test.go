@@ -81,6 +81,7 @@ func TestFleetOnANATSCluster(t *testing.T) {
 	// One node of three killed: the others keep the quorum. A stream whose
 	// leader it was answers again once the two have elected another (a 503
 	// that says to try again until then).
+	load.phase.Store("one node down")
 	cluster.Kill(0)
 	killed := time.Now()
 	load.waitFor(t, 300)
@@ -89,6 +90,7 @@ func TestFleetOnANATSCluster(t *testing.T) {
 		return err
 	})
 	t.Logf("with two of three NATS nodes, a token create succeeded %s after the kill", time.Since(killed).Round(time.Millisecond))
+	load.phase.Store("one node down, drain and undrain")
 	for _, drain := range []bool{true, false} {
 		Eventually(t, 20*time.Second, func() error {
 			_, err := admin.SetRelayDraining(ctx, relays[2].Node.Fleet().ID(), drain)
@@ -102,6 +104,7 @@ func TestFleetOnANATSCluster(t *testing.T) {
 	t.Logf("with two of three NATS nodes, drain and undrain done %s after the kill", time.Since(killed).Round(time.Millisecond))
 
 	// Two killed: the survivor takes connections but no writes.
+	load.phase.Store("two nodes down")
 	cluster.Kill(1)
 	Eventually(t, 30*time.Second, func() error {
 		for _, r := range relays {
@@ -130,6 +133,7 @@ func TestFleetOnANATSCluster(t *testing.T) {
 	t.Logf("with one of three NATS nodes, a drain answered in %s: %v", time.Since(began).Round(time.Millisecond), err)
 
 	// Both back: the cluster heals, the relays catch up, commands work.
+	load.phase.Store("nodes back")
 	for _, i := range []int{0, 1} {
 		if err := cluster.Restart(i); err != nil {
 			t.Fatal(err)
@@ -175,6 +179,7 @@ type clusterLoad struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	sent   atomic.Int64
+	phase  atomic.Value // string: what the test is doing, for the failures' messages
 
 	mu     sync.Mutex // guards failed
 	failed []string
@@ -183,6 +188,7 @@ type clusterLoad struct {
 func startClusterLoad(t *testing.T, relays []*Relay, devices []string, user string) *clusterLoad {
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &clusterLoad{cancel: cancel, done: make(chan struct{})}
+	l.phase.Store("healthy")
 	c := NewClient(t, true)
 	go func() {
 		defer close(l.done)
@@ -190,7 +196,7 @@ func startClusterLoad(t *testing.T, relays []*Relay, devices []string, user stri
 			r, d := relays[i%len(relays)], devices[(i/len(relays))%len(devices)]
 			if err := getDevice(ctx, c, r.URL+"/client/"+d+"/echo/ping", user); err != nil && ctx.Err() == nil {
 				l.mu.Lock()
-				l.failed = append(l.failed, fmt.Sprintf("%s via %s: %v", d, r.Node.Fleet().ID(), err))
+				l.failed = append(l.failed, fmt.Sprintf("%s via %s (%s): %v", d, r.Node.Fleet().ID(), l.phase.Load(), err))
 				l.mu.Unlock()
 			}
 			l.sent.Add(1)
