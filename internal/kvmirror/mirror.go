@@ -93,6 +93,7 @@ type Mirror[T any] struct {
 	freshRevs map[string]uint64
 	loads     int   // how many full reads completed
 	lastErr   error // why the last watch ended or could not start; nil while one runs
+	failing   bool  // no full read completed since a watch ended or failed to start
 }
 
 // New returns a mirror of kv, empty until Run has read it. A nil logger
@@ -168,18 +169,21 @@ func (m *Mirror[T]) Run(ctx context.Context) {
 	}
 }
 
-// ended records why a watch ended and says so.
+// ended records why a watch ended, and says so once per run of failures:
+// a watch that cannot start is tried again every RetryDelay.
 func (m *Mirror[T]) ended(err error) {
+	resync := errors.Is(err, errResync)
 	m.mu.Lock()
 	m.fresh, m.freshRevs = nil, nil
-	if !errors.Is(err, errResync) {
-		m.lastErr = err
+	first := !resync && !m.failing
+	if !resync {
+		m.lastErr, m.failing = err, true
 	}
 	m.mu.Unlock()
 	switch {
-	case errors.Is(err, errResync):
-	case errors.Is(err, ErrWatchEnded):
-		m.log.Warn("bucket watch ended; reading the bucket again", attrBucket, m.kv.Bucket())
+	case resync:
+	case first:
+		m.log.Warn("bucket watch ended; reading the bucket again as soon as a watch starts", attrBucket, m.kv.Bucket(), attrError, err)
 	default:
 		m.log.Debug("bucket watch could not start; trying again", attrBucket, m.kv.Bucket(), attrError, err)
 	}
@@ -253,13 +257,17 @@ func (m *Mirror[T]) finishRead() {
 	m.items, m.revs = m.fresh, m.freshRevs
 	m.fresh, m.freshRevs = nil, nil
 	m.loads++
-	first := m.loads == 1
+	first, recovered := m.loads == 1, m.failing
+	m.failing = false
 	if m.cfg.OnReload != nil {
 		m.cfg.OnReload(old, m.items)
 	}
 	m.mu.Unlock()
 	if first {
 		close(m.ready)
+	}
+	if recovered {
+		m.log.Info("bucket read again in full; its watch runs again", attrBucket, m.kv.Bucket())
 	}
 	m.changed()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -159,7 +160,8 @@ func TestReadsTheBucketAgainWhenItsWatchEnds(t *testing.T) {
 	put(t, kv, "b", 2)
 	tap := testkit.NewKVTap(kv)
 	var c changes
-	m := New[item](tap, nil, c.config())
+	logs := &testkit.Buffer{}
+	m := New[item](tap, slog.New(slog.NewTextHandler(logs, nil)), c.config())
 	start(t, m)
 
 	tap.EndWatches()
@@ -172,6 +174,9 @@ func TestReadsTheBucketAgainWhenItsWatchEnds(t *testing.T) {
 	}
 	tap.Release()
 	eventually(t, 3*RetryDelay, func() error { return holds(m, map[string]int{"b": 2, "c": 3}) })
+	if ended, again := logs.Count("bucket watch ended"), logs.Count("bucket read again"); ended != 1 || again != 1 {
+		t.Errorf("%d lines say the watch ended and %d that the bucket was read again, want 1 each:\n%s", ended, again, logs)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.reloads) != 2 {
@@ -197,13 +202,16 @@ func TestResyncReadsAtOnce(t *testing.T) {
 }
 
 // TestPutKeepsTheLatestRevision: a value this process wrote is held at
-// once, an older revision never replaces a newer one, and the watch's echo
-// of the write changes nothing.
+// once, an older revision never replaces a newer one, and a write Put and
+// watched is applied once.
 func TestPutKeepsTheLatestRevision(t *testing.T) {
 	_, kv := bucket(t)
+	tap := testkit.NewKVTap(kv)
 	var c changes
-	m := New(kv, nil, c.config())
+	m := New[item](tap, nil, c.config())
 	start(t, m)
+
+	tap.EndWatches() // the write's answer comes before any watch sees it
 	rev := put(t, kv, "a", 1)
 	if !m.Put("a", item{N: 1}, rev) {
 		t.Fatal("Put of a write's answer was not applied")
@@ -211,6 +219,13 @@ func TestPutKeepsTheLatestRevision(t *testing.T) {
 	if m.Put("a", item{N: 0}, rev-1) {
 		t.Fatal("Put of an older revision was applied")
 	}
+	tap.Release()
+	eventually(t, 3*RetryDelay, func() error {
+		if _, loads := m.Status(); loads != 2 {
+			return fmt.Errorf("%d full reads", loads)
+		}
+		return nil
+	})
 	rev2 := put(t, kv, "a", 2)
 	eventually(t, 5*time.Second, func() error { return holds(m, map[string]int{"a": 2}) })
 	if m.Put("a", item{N: 1}, rev) {
@@ -219,10 +234,15 @@ func TestPutKeepsTheLatestRevision(t *testing.T) {
 	if v, r := m.Record("a"); v.N != 2 || r != rev2 {
 		t.Errorf("Record = %+v at %d, want 2 at %d", v, r, rev2)
 	}
+
+	// Put and the watch race for a write: whichever comes second changes nothing.
+	m.Put("b", item{N: 3}, put(t, kv, "b", 3))
+	put(t, kv, "z", 4) // watched after b
+	eventually(t, 5*time.Second, func() error { return holds(m, map[string]int{"a": 2, "b": 3, "z": 4}) })
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.applies != 2 {
-		t.Errorf("%d changes applied, want 2 (the Put and the second write, not the first write's echo)", c.applies)
+	if c.applies != 4 {
+		t.Errorf("%d changes applied, want 4: a's Put, a's second write, b once, z", c.applies)
 	}
 }
 
