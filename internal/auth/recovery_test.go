@@ -97,3 +97,47 @@ func TestRevocationArrivesAfterTheWatchEnds(t *testing.T) {
 		t.Errorf("%d watches started, want a second one", n)
 	}
 }
+
+// TestResyncAfterNATSLostItsFiles: NATS comes back on its address without
+// its files, and a relay starting against it makes the token bucket anew.
+// A relay that resyncs its token store on reconnect, as every relay does,
+// forgets the tokens that went with the files, cutting what they let in,
+// and accepts the tokens made since.
+func TestResyncAfterNATSLostItsFiles(t *testing.T) {
+	first, err := store.Open(testContext(t), store.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Close() })
+	addr := first.ClientURL()
+	relay := openNATS(t, store.Config{URLs: []string{addr}})
+	here := openTokens(t, relay)
+	relay.OnReconnect(here.Resync)
+	fired := make(chan string, 4)
+	here.OnRevoke(func(id string) { fired <- id })
+	lostSecret, lost := mustCreate(t, here, CreateRequest{Kind: KindUser, Name: "lost with the files"})
+
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := openNATS(t, store.Config{DataDir: t.TempDir(), Listen: addr[len("nats://"):]})
+	newSecret, _ := mustCreate(t, openTokens(t, second), CreateRequest{Kind: KindUser, Name: "made since"})
+
+	eventually(t, 10*time.Second, func() error {
+		if _, err := here.Authenticate(lostSecret); !errors.Is(err, ErrInvalidToken) {
+			return fmt.Errorf("the lost token gives %v", err)
+		}
+		if _, err := here.Authenticate(newSecret); err != nil {
+			return fmt.Errorf("the new token gives %v", err)
+		}
+		return nil
+	})
+	select {
+	case id := <-fired:
+		if id != lost.ID {
+			t.Fatalf("OnRevoke(%s), want %s", id, lost.ID)
+		}
+	default:
+		t.Fatal("OnRevoke was not called for the lost token")
+	}
+}
