@@ -183,7 +183,7 @@ func (m *Mirror[T]) ended(err error) {
 	switch {
 	case resync:
 	case first:
-		m.log.Warn("bucket watch ended; reading the bucket again as soon as a watch starts", attrBucket, m.kv.Bucket(), attrError, err)
+		m.log.Warn("bucket watch ended or could not start; reading the bucket again as soon as a watch starts", attrBucket, m.kv.Bucket(), attrError, err)
 	default:
 		m.log.Debug("bucket watch could not start; trying again", attrBucket, m.kv.Bucket(), attrError, err)
 	}
@@ -194,6 +194,7 @@ func (m *Mirror[T]) ended(err error) {
 func (m *Mirror[T]) watchOnce(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	m.startRead() // before the watch, so that no Put falls between the two
 	var w jetstream.KeyWatcher
 	var err error
 	if len(m.cfg.Keys) > 0 {
@@ -210,7 +211,9 @@ func (m *Mirror[T]) watchOnce(ctx context.Context) error {
 		for range w.Updates() { // let the delivery goroutine finish
 		}
 	}()
-	m.startRead()
+	m.mu.Lock()
+	m.lastErr = nil
+	m.mu.Unlock()
 	loading := true
 	for {
 		select {
@@ -247,7 +250,6 @@ func (m *Mirror[T]) startRead() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.fresh, m.freshRevs = map[string]T{}, map[string]uint64{}
-	m.lastErr = nil
 }
 
 // finishRead replaces the items with the full read just completed.
