@@ -68,7 +68,7 @@ func (s *Store) ensureAdminRecord(ctx context.Context, pt parsedToken) (revoked 
 	if err != nil || c.tok.Kind != KindAdmin || subtle.ConstantTimeCompare(h[:], c.hash[:]) != 1 {
 		return false, fmt.Errorf("%w: the token store holds another token under id %s; remove the file to have a new one generated", ErrAdminTokenFile, pt.id)
 	}
-	s.apply(pt.id, c, e.Revision())
+	s.tokens.Put(pt.id, c, e.Revision())
 	return c.tok.Revoked, nil
 }
 

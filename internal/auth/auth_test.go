@@ -26,6 +26,10 @@ func TestAuthenticate(t *testing.T) {
 	}
 	secretOf := func(tok string) string { return tok[len(tok)-secretLen:] }
 	otherSecret := strings.Repeat("A", secretLen)
+	upperID := strings.ToUpper(agentTok.ID)
+	if upperID == agentTok.ID { // all digits: the case alone must still be refused
+		upperID = "A" + upperID[1:]
+	}
 
 	tests := []struct {
 		name     string
@@ -44,7 +48,7 @@ func TestAuthenticate(t *testing.T) {
 		{"admin letter on agent", "sbx_" + agentTok.ID + "_" + secretOf(agent), ErrInvalidToken, ""},
 		{"unknown kind letter", "sbz_" + agentTok.ID + "_" + secretOf(agent), ErrInvalidToken, ""},
 		{"bad prefix", "xba" + agent[3:], ErrInvalidToken, ""},
-		{"uppercase id", "sba_" + strings.ToUpper(agentTok.ID) + "_" + secretOf(agent), ErrInvalidToken, ""},
+		{"uppercase id", "sba_" + upperID + "_" + secretOf(agent), ErrInvalidToken, ""},
 		{"truncated", agent[:len(agent)-1], ErrInvalidToken, ""},
 		{"extra byte", agent + "A", ErrInvalidToken, ""},
 		{"leading space", " " + agent[1:], ErrInvalidToken, ""},

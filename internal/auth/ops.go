@@ -48,11 +48,7 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (secret string, t
 // not try it: a failed create withdraws its id, and must not withdraw
 // another token's.
 func (s *Store) known(id string) bool {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	_, seen := s.entries[id]
-	_, gone := s.withdrawn[id]
-	return seen || gone
+	return s.tokens.Seen(id) || s.isWithdrawn(id)
 }
 
 // insert stores a token under a new key and caches it at once, so that this
@@ -66,7 +62,7 @@ func (s *Store) insert(ctx context.Context, tok Token, h secretHash) error {
 	if err != nil {
 		return err
 	}
-	s.apply(tok.ID, &cached{tok: tok, hash: h}, rev)
+	s.tokens.Put(tok.ID, cached{tok: tok, hash: h}, rev)
 	return nil
 }
 
@@ -76,14 +72,13 @@ func (s *Store) List(ctx context.Context) ([]Token, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s.mu.RLock()
-	out := make([]Token, 0, len(s.entries))
-	for _, e := range s.entries {
-		if e.tok != nil {
-			out = append(out, cloneToken(e.tok.tok))
+	all := s.tokens.All()
+	out := make([]Token, 0, len(all))
+	for _, c := range all {
+		if !s.isWithdrawn(c.tok.ID) {
+			out = append(out, cloneToken(c.tok))
 		}
 	}
-	s.mu.RUnlock()
 	slices.SortFunc(out, func(a, b Token) int {
 		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
 	})
@@ -123,7 +118,7 @@ func (s *Store) revokeOnce(ctx context.Context, id string) error {
 		return s.kv.Delete(ctx, id, jetstream.LastRevision(e.Revision()))
 	}
 	if c.tok.Revoked {
-		s.apply(id, c, e.Revision())
+		s.tokens.Put(id, c, e.Revision())
 		return nil
 	}
 	c.tok.Revoked, c.tok.RevokedAt = true, now()
@@ -135,7 +130,7 @@ func (s *Store) revokeOnce(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.apply(id, c, rev)
+	s.tokens.Put(id, c, rev)
 	s.log.Info("token revoked", attrTokenID, id, attrKind, c.tok.Kind, attrName, c.tok.Name)
 	return nil
 }

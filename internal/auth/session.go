@@ -40,14 +40,12 @@ func (s *Store) NewSession(tokenID string, ttl time.Duration) (string, error) {
 }
 
 func (s *Store) newSession(tokenID string, expires time.Time) (string, error) {
-	s.mu.RLock()
-	e := s.entries[tokenID]
-	s.mu.RUnlock()
-	if !e.active() {
+	c, ok := s.active(tokenID)
+	if !ok {
 		return "", fmt.Errorf("auth: new session for %q: %w", tokenID, ErrNotFound)
 	}
 	payload := tokenID + "." + strconv.FormatInt(expires.Unix(), 10)
-	mac := sessionMAC(e.tok.hash, payload)
+	mac := sessionMAC(c.hash, payload)
 	return payload + "." + sessionMACEncoding.EncodeToString(mac), nil
 }
 
@@ -68,20 +66,18 @@ func (s *Store) authenticateSession(cookie string, now time.Time) (Principal, er
 	if !ok {
 		return Principal{}, ErrInvalidToken
 	}
-	s.mu.RLock()
-	e := s.entries[id]
-	s.mu.RUnlock()
-	if !e.active() {
+	c, ok := s.active(id)
+	if !ok {
 		return Principal{}, ErrInvalidToken
 	}
 	payload := cookie[:strings.LastIndexByte(cookie, '.')]
-	if !hmac.Equal(mac, sessionMAC(e.tok.hash, payload)) {
+	if !hmac.Equal(mac, sessionMAC(c.hash, payload)) {
 		return Principal{}, ErrInvalidToken
 	}
 	if !now.Before(expires) {
 		return Principal{}, ErrSessionExpired
 	}
-	tok := e.tok.tok
+	tok := c.tok
 	return Principal{TokenID: tok.ID, Kind: tok.Kind, Name: tok.Name, Devices: slices.Clone(tok.Devices)}, nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/kvmirror"
 )
 
 // Log attribute keys used by this package. Secrets are never logged.
@@ -40,192 +42,172 @@ type record struct {
 	RevokedAt    time.Time `json:"revoked_at,omitzero"`
 }
 
-// cached is a decoded record as the in-memory cache keeps it.
+// cached is a decoded record as the in-memory copy keeps it.
 type cached struct {
 	tok  Token
 	hash secretHash
 }
 
-// entry is the cache's view of one key: the latest revision seen, and the
-// token at that revision, nil once the key was deleted.
-type entry struct {
-	rev uint64
-	tok *cached
-}
-
-func (e entry) active() bool { return e.tok != nil && !e.tok.tok.Revoked }
+// active reports whether c is a token that lets its bearer in.
+func (c *cached) active() bool { return c != nil && !c.tok.Revoked }
 
 // Store holds the fleet's tokens: it writes them to the bucket and answers
-// Authenticate from an in-memory copy kept current by a watch on the bucket.
-// It is safe for concurrent use.
+// Authenticate from an in-memory copy, a mirror of the bucket (see package
+// kvmirror) that reads the bucket whole again whenever its watch ends. It
+// is safe for concurrent use.
 type Store struct {
-	kv  jetstream.KeyValue
-	log *slog.Logger
+	kv     jetstream.KeyValue
+	log    *slog.Logger
+	tokens *kvmirror.Mirror[cached] // every record of the bucket, by id
 
-	watchCtx     context.Context    // lives until Close; the watch ends with it
-	cancelWatch  context.CancelFunc // ends watchCtx
-	watcher      jetstream.KeyWatcher
-	watchDone    chan struct{} // closed when the watch goroutine returns
-	deleteNow    chan struct{} // wakes withdrawLoop; capacity 1
-	withdrawDone chan struct{} // closed when withdrawLoop returns
-	closeOnce    sync.Once
+	ctx       context.Context    // lives until Close; the mirror and withdrawLoop end with it
+	cancel    context.CancelFunc // ends ctx
+	wg        sync.WaitGroup     // the mirror's Run and withdrawLoop
+	deleteNow chan struct{}      // wakes withdrawLoop; capacity 1
+	closeOnce sync.Once
 
 	mu        sync.RWMutex // guards the fields below
-	entries   map[string]entry
 	onRevoke  []func(tokenID string)
+	revoked   []string            // ids seen to stop being active whose OnRevoke calls are still to be made
 	withdrawn map[string]struct{} // ids of failed creates, never to be active here; see withdraw
 	toDelete  []string            // withdrawn ids whose key is not deleted in NATS yet
 }
 
-// Open loads every token from kv, usually the bucket named Bucket, and starts
-// a watch that keeps the in-memory copy current until Close. A nil logger
-// discards. ctx bounds the initial load only.
+// Open loads every token from kv, usually the bucket named Bucket, and keeps
+// the in-memory copy current until Close: after any end of its watch it
+// reads the bucket whole again. A nil logger discards. ctx bounds the
+// initial load only.
 func Open(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{
-		kv:           kv,
-		log:          logger.With(attrComponent, "auth"),
-		watchDone:    make(chan struct{}),
-		deleteNow:    make(chan struct{}, 1),
-		withdrawDone: make(chan struct{}),
-		entries:      make(map[string]entry),
-		withdrawn:    make(map[string]struct{}),
+		kv:        kv,
+		log:       logger.With(attrComponent, "auth"),
+		deleteNow: make(chan struct{}, 1),
+		withdrawn: make(map[string]struct{}),
 	}
-	// The watch must outlive ctx, but Open must not outlive it.
-	s.watchCtx, s.cancelWatch = context.WithCancel(context.Background())
-	stop := context.AfterFunc(ctx, s.cancelWatch)
-	err := s.startWatch(ctx)
-	if !stop() && err == nil {
-		err = ctx.Err()
-	}
-	if err != nil {
-		s.cancelWatch()
-		if s.watcher != nil {
-			_ = s.watcher.Stop()
-			for range s.watcher.Updates() { // unblock the delivery until the watch closes
-			}
-		}
+	s.tokens = kvmirror.New(kv, s.log, kvmirror.Config[cached]{
+		Decode:   decodeRecord,
+		OnApply:  s.appliedLocked,
+		OnReload: s.reloadedLocked,
+		OnChange: s.fireRevoked,
+	})
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Go(func() { s.tokens.Run(s.ctx) })
+	if err := s.tokens.Wait(ctx); err != nil {
+		s.cancel()
+		s.wg.Wait()
 		return nil, fmt.Errorf("auth: open bucket %s: %w", kv.Bucket(), err)
 	}
-	go s.watch()
-	go s.withdrawLoop()
+	s.wg.Go(s.withdrawLoop)
 	return s, nil
 }
 
-// startWatch starts the watch and applies the bucket's current contents.
-func (s *Store) startWatch(ctx context.Context) error {
-	w, err := s.kv.WatchAll(s.watchCtx)
-	if err != nil {
-		return err
-	}
-	s.watcher = w
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch ended during the initial load")
-			}
-			if e == nil { // the bucket's current contents are all in
-				return nil
-			}
-			s.applyEntry(e)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// watch applies updates until the watch ends, on Close or when the NATS
-// connection is closed for good.
-func (s *Store) watch() {
-	defer close(s.watchDone)
-	for e := range s.watcher.Updates() {
-		if e != nil {
-			s.applyEntry(e)
-		}
-	}
-	if s.watchCtx.Err() == nil {
-		s.log.Warn("token watch ended: the NATS connection is closed; token changes made elsewhere are no longer seen")
-	}
-}
+// Resync makes the store read the whole bucket again, as it does whenever
+// its watch ends; call it when the NATS connection returns, in case NATS
+// came back without its files. Revocations the read reveals fire OnRevoke.
+func (s *Store) Resync() { s.tokens.Resync() }
 
 // Close stops the watch and waits for it to end. Authenticate keeps answering
 // from the last known tokens.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.cancelWatch()
-		_ = s.watcher.Stop() // fails only when the connection is already closed
-		<-s.watchDone
-		<-s.withdrawDone
+		s.cancel()
+		s.wg.Wait()
 	})
 	return nil
 }
 
 // OnRevoke registers fn to be called with a token's id when this relay learns
-// that the token was revoked or deleted, whichever relay did it, so that live
-// sessions authenticated by it can be closed. fn runs on the goroutine that
-// saw the change and must not block.
+// that the token was revoked or deleted, whichever relay did it and however
+// it learnt it (a watched change, or a full read of the bucket after its
+// watch ended), so that live sessions authenticated by it can be closed. fn
+// runs on a goroutine of the store, one call per revocation, and must not
+// block.
 func (s *Store) OnRevoke(fn func(tokenID string)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.onRevoke = append(s.onRevoke, fn)
 }
 
-// applyEntry applies one update from the bucket to the cache.
-func (s *Store) applyEntry(e jetstream.KeyValueEntry) {
-	if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
-		s.apply(e.Key(), nil, e.Revision())
-		return
+// appliedLocked notes a revocation when one change of the bucket (watched,
+// or written here) ends an active token. The mirror's lock is held.
+func (s *Store) appliedLocked(old, new *cached) {
+	if old.active() && !new.active() {
+		s.noteRevoked(old.tok.ID)
 	}
-	c, err := decodeRecord(e.Key(), e.Value())
-	if err != nil {
-		s.log.Warn("ignoring a malformed token record", attrTokenID, e.Key(), attrError, err)
-	}
-	s.apply(e.Key(), c, e.Revision()) // a malformed record authenticates nobody
 }
 
-// apply records the token c (nil: gone) at revision rev unless the cache has
-// seen a later revision, and calls the OnRevoke functions if a live token
-// stopped being so.
-func (s *Store) apply(id string, c *cached, rev uint64) {
-	s.mu.Lock()
-	old, seen := s.entries[id]
-	if seen && old.rev >= rev {
-		s.mu.Unlock()
-		return
+// reloadedLocked notes a revocation for each token that was active before a
+// full read and is revoked or gone in it: the changes the watch missed.
+// The mirror's lock is held.
+func (s *Store) reloadedLocked(old, new map[string]cached) {
+	for id, c := range old {
+		if n, ok := new[id]; c.active() && (!ok || !n.active()) {
+			s.noteRevoked(id)
+		}
 	}
-	if _, gone := s.withdrawn[id]; gone {
-		c = nil // a failed create that reached NATS after all: never active
-	}
-	next := entry{rev: rev, tok: c}
-	s.entries[id] = next
-	callbacks := s.onRevoke // appends never touch these elements
-	s.mu.Unlock()
+}
 
-	if old.active() && !next.active() {
+// noteRevoked queues the OnRevoke calls for id, unless id was withdrawn: it
+// was never active here.
+func (s *Store) noteRevoked(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, gone := s.withdrawn[id]; !gone {
+		s.revoked = append(s.revoked, id)
+	}
+}
+
+// fireRevoked makes the queued OnRevoke calls, outside every lock: the
+// mirror calls it after each change it applied.
+func (s *Store) fireRevoked() {
+	s.mu.Lock()
+	ids, callbacks := s.revoked, s.onRevoke // appends never touch these elements
+	s.revoked = nil
+	s.mu.Unlock()
+	for _, id := range ids {
 		for _, fn := range callbacks {
 			fn(id)
 		}
 	}
 }
 
-func decodeRecord(key string, data []byte) (*cached, error) {
+// active returns the record of id if it lets its bearer in here: known,
+// not revoked, not withdrawn.
+func (s *Store) active(id string) (cached, bool) {
+	c, ok := s.tokens.Get(id)
+	if !ok || !c.active() || s.isWithdrawn(id) {
+		return cached{}, false
+	}
+	return c, true
+}
+
+func (s *Store) isWithdrawn(id string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, gone := s.withdrawn[id]
+	return gone
+}
+
+// decodeRecord decodes the record stored under key. A record it refuses
+// authenticates nobody.
+func decodeRecord(key string, data []byte) (cached, error) {
 	var r record
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, err
+		return cached{}, err
 	}
 	var h secretHash
 	b, err := hex.DecodeString(r.SecretSHA256)
 	if err != nil || len(b) != len(h) {
-		return nil, errors.New("secret_sha256 is not a hex SHA-256")
+		return cached{}, errors.New("secret_sha256 is not a hex SHA-256")
 	}
 	copy(h[:], b)
 	if r.ID != key || !r.Kind.Valid() {
-		return nil, fmt.Errorf("record id %q or kind %q does not fit key %q", r.ID, r.Kind, key)
+		return cached{}, fmt.Errorf("record id %q or kind %q does not fit key %q", r.ID, r.Kind, key)
 	}
-	return &cached{hash: h, tok: Token{
+	return cached{hash: h, tok: Token{
 		ID: r.ID, Kind: r.Kind, Name: r.Name, Devices: r.Devices,
 		CreatedAt: r.CreatedAt, Revoked: r.Revoked, RevokedAt: r.RevokedAt,
 	}}, nil
@@ -250,17 +232,12 @@ func (s *Store) Authenticate(token string) (Principal, error) {
 	if !ok {
 		return Principal{}, ErrInvalidToken
 	}
-	s.mu.RLock()
-	e := s.entries[t.id]
-	s.mu.RUnlock()
+	c, ok := s.active(t.id)
 	h := hashSecret(t.secret)
-	if e.tok == nil || subtle.ConstantTimeCompare(h[:], e.tok.hash[:]) != 1 {
+	if !ok || subtle.ConstantTimeCompare(h[:], c.hash[:]) != 1 || c.tok.Kind != t.kind {
 		return Principal{}, ErrInvalidToken
 	}
-	if e.tok.tok.Kind != t.kind || e.tok.tok.Revoked {
-		return Principal{}, ErrInvalidToken
-	}
-	tok := e.tok.tok
+	tok := c.tok
 	return Principal{TokenID: tok.ID, Kind: tok.Kind, Name: tok.Name, Devices: slices.Clone(tok.Devices)}, nil
 }
 
@@ -268,13 +245,11 @@ func (s *Store) Authenticate(token string) (Principal, error) {
 // credential derived from it (an access code, a session) whose signature
 // was checked elsewhere; ok is false once the token is revoked or gone.
 func (s *Store) Principal(id string) (p Principal, ok bool) {
-	s.mu.RLock()
-	e := s.entries[id]
-	s.mu.RUnlock()
-	if !e.active() {
+	c, ok := s.active(id)
+	if !ok {
 		return Principal{}, false
 	}
-	tok := e.tok.tok
+	tok := c.tok
 	return Principal{TokenID: tok.ID, Kind: tok.Kind, Name: tok.Name, Devices: slices.Clone(tok.Devices)}, true
 }
 

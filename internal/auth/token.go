@@ -1,9 +1,10 @@
 // Package auth owns the fleet's credentials: agent, user and admin bearer
 // tokens. Tokens live hashed in a JetStream key-value bucket shared by every
-// relay; each relay keeps them in memory, fed by a watch on the bucket, so that
-// checking a token never waits for NATS and a revocation made on any relay
-// takes effect on all of them within a second. Secrets are shown once, when a
-// token is created, and are never stored or logged.
+// relay; each relay keeps them in memory, a mirror of the bucket fed by a
+// watch and read whole again whenever the watch ends (package kvmirror), so
+// that checking a token never waits for NATS and a revocation made on any
+// relay takes effect on all of them within a second. Secrets are shown once,
+// when a token is created, and are never stored or logged.
 package auth
 
 import (

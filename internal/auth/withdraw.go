@@ -34,10 +34,7 @@ const withdrawTimeout = 5 * time.Second
 // withdraw hides id on this relay for good and queues the delete of its key.
 func (s *Store) withdraw(id string) {
 	s.mu.Lock()
-	s.withdrawn[id] = struct{}{}
-	if e := s.entries[id]; e.tok != nil { // the watch was faster than the error
-		s.entries[id] = entry{rev: e.rev}
-	}
+	s.withdrawn[id] = struct{}{} // hides it even if the watch was faster than the error
 	s.toDelete = append(s.toDelete, id)
 	s.mu.Unlock()
 	select {
@@ -48,12 +45,11 @@ func (s *Store) withdraw(id string) {
 
 // withdrawLoop deletes the keys of withdrawn tokens until Close.
 func (s *Store) withdrawLoop() {
-	defer close(s.withdrawDone)
 	b := backoff.New(backoff.Policy{Max: withdrawTimeout})
 	var retry <-chan time.Time
 	for {
 		select {
-		case <-s.watchCtx.Done():
+		case <-s.ctx.Done():
 			s.mu.Lock()
 			left := s.toDelete
 			s.mu.Unlock()
@@ -80,7 +76,7 @@ func (s *Store) deletePending() bool {
 	s.mu.Unlock()
 	var left []string
 	for _, id := range ids {
-		ctx, cancel := context.WithTimeout(s.watchCtx, withdrawTimeout)
+		ctx, cancel := context.WithTimeout(s.ctx, withdrawTimeout)
 		err := s.kv.Delete(ctx, id)
 		cancel()
 		if err != nil {

@@ -44,7 +44,7 @@ func (v view) fresh(lastSeen time.Time) bool { return v.age(lastSeen) <= v.windo
 // view returns this relay's view of the relay set at now. It takes the
 // mirror's lock: call it before taking that lock, never under it.
 func (m *Member) view(now time.Time) view {
-	own, ok := m.relays.get(m.cfg.RelayID)
+	own, ok := m.relays.Get(m.cfg.RelayID)
 	return view{at: viewAt(now, own.LastSeenAt, ok, m.cfg.BeatInterval), window: m.cfg.FreshAfter}
 }
 

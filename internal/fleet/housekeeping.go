@@ -57,7 +57,7 @@ func (m *Member) housekeepOnce(ctx context.Context) {
 func (m *Member) lastKnownFreshness() map[string]bool {
 	v := m.view(time.Now())
 	out := map[string]bool{}
-	for _, r := range m.relays.all() {
+	for _, r := range m.relays.All() {
 		out[r.ID] = v.age(r.LastSeenAt) < m.cfg.LostWindow
 	}
 	return out
@@ -72,14 +72,14 @@ func (m *Member) lastKnownFreshness() map[string]bool {
 // reaped on a frozen picture.
 func (m *Member) sweep(ctx context.Context, t time.Time) {
 	v := m.view(t)
-	devs := m.devices.all()
+	devs := m.devices.All()
 	attached := map[string][]string{} // relay id → devices with agents
 	for _, d := range devs {
 		if d.Agents > 0 {
 			attached[d.RelayID] = append(attached[d.RelayID], d.Device)
 		}
 	}
-	for _, r := range m.relays.all() {
+	for _, r := range m.relays.All() {
 		age := v.age(r.LastSeenAt)
 		fresh := v.fresh(r.LastSeenAt)
 		was, known := m.hk.fresh[r.ID]
@@ -113,7 +113,7 @@ func (m *Member) detachLost(ctx context.Context, r Relay, devices []string, age 
 	n := 0
 	for _, dev := range devices {
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
-		done, err := detach(octx, m.devsKV, r.ID, dev, m.devices.record(deviceKey(dev)))
+		done, err := detach(octx, m.devsKV, r.ID, dev, hint(m.devices, deviceKey(dev)))
 		cancel()
 		if err == nil && done {
 			n++

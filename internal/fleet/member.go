@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchboard-relay/switchboard/internal/kvmirror"
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
@@ -33,15 +34,15 @@ type Member struct {
 	devsKV   jetstream.KeyValue
 	leaseKV  jetstream.KeyValue
 	fleetKV  jetstream.KeyValue
-	relays   *mirror[Relay]
-	devices  *mirror[Attachment]
+	relays   *kvmirror.Mirror[Relay]
+	devices  *kvmirror.Mirror[Attachment]
 	events   *eventLog
 
-	secrets    *secret.Ring               // the fleet secret this relay runs
-	secretRec  *mirror[SecretRecord]      // the stored fleet secret, whatever the source
-	secretKick chan struct{}              // asks the secret loop to look now
-	secretView atomic.Pointer[secretView] // the other relays' secrets, for routing
-	sec        secretState                // used by the secret loop only, and Open before it
+	secrets    *secret.Ring                   // the fleet secret this relay runs
+	secretRec  *kvmirror.Mirror[SecretRecord] // the stored fleet secret, whatever the source
+	secretKick chan struct{}                  // asks the secret loop to look now
+	secretView atomic.Pointer[secretView]     // the other relays' secrets, for routing
+	sec        secretState                    // used by the secret loop only, and Open before it
 
 	loads       relayLoads    // devices attached per relay, from the directory
 	kick        chan struct{} // asks for a reconcile of the attachments
@@ -97,30 +98,38 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 	}
 	stream := s.events
 	m.events = newEventLog(st.JetStream(), stream, m.log)
-	m.relays = newMirror[Relay](m.relaysKV, m.log, func() {
-		m.refreshSecretView()
-		cfg.OnChange()
+	m.relays = kvmirror.New(m.relaysKV, m.log, kvmirror.Config[Relay]{
+		OnChange: func() {
+			m.refreshSecretView()
+			cfg.OnChange()
+		},
+		// An operator's drain (or undrain) of this relay takes effect at
+		// once, not at the next heartbeat: the beat that applies it is
+		// sent now.
+		OnApply: func(_, nw *Relay) {
+			if nw != nil && nw.ID == m.cfg.RelayID && nw.Draining != m.shouldDrain.Load() {
+				m.BeatNow()
+			}
+		},
 	})
-	// An operator's drain (or undrain) of this relay takes effect at once,
-	// not at the next heartbeat: the beat that applies it is sent now.
-	m.relays.onApply = func(_, nw *Relay) {
-		if nw != nil && nw.ID == m.cfg.RelayID && nw.Draining != m.shouldDrain.Load() {
-			m.BeatNow()
-		}
-	}
-	m.secretRec = newMirror[SecretRecord](m.fleetKV, m.log, m.kickSecret)
-	m.secretRec.keys = []string{SecretRecordKey}
-	m.devices = newMirror[Attachment](m.devsKV, m.log, func() {
-		m.Changed()
-		cfg.OnChange()
+	m.secretRec = kvmirror.New(m.fleetKV, m.log, kvmirror.Config[SecretRecord]{
+		Keys:     []string{SecretRecordKey},
+		OnChange: m.kickSecret,
 	})
-	m.devices.onReload, m.devices.onApply = m.loads.reload, m.loads.apply
+	m.devices = kvmirror.New(m.devsKV, m.log, kvmirror.Config[Attachment]{
+		OnChange: func() {
+			m.Changed()
+			cfg.OnChange()
+		},
+		OnReload: func(_, items map[string]Attachment) { m.loads.reload(items) },
+		OnApply:  m.loads.apply,
+	})
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
-	m.wg.Go(func() { m.relays.run(runCtx) })
-	m.wg.Go(func() { m.devices.run(runCtx) })
-	m.wg.Go(func() { m.secretRec.run(runCtx) })
+	m.wg.Go(func() { m.relays.Run(runCtx) })
+	m.wg.Go(func() { m.devices.Run(runCtx) })
+	m.wg.Go(func() { m.secretRec.Run(runCtx) })
 	m.wg.Go(func() { m.events.run(runCtx) })
 	st.OnReconnect(func() {
 		m.relays.Resync()
@@ -182,19 +191,14 @@ func ensureState(ctx context.Context, st *store.Store) (state, error) {
 
 // waitSynced waits until the mirrors completed their first full read.
 func (m *Member) waitSynced(ctx context.Context) error {
-	for {
-		a, _ := m.relays.status()
-		b, _ := m.devices.status()
-		c, _ := m.secretRec.status()
-		if a && b && c {
-			return nil
-		}
+	for _, ready := range []<-chan struct{}{m.relays.Ready(), m.devices.Ready(), m.secretRec.Ready()} {
 		select {
+		case <-ready:
 		case <-ctx.Done():
 			return fmt.Errorf("reading the fleet state: %w", ctx.Err())
-		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	return nil
 }
 
 // Close stops the loops, gives the housekeeping lease up and marks nothing
@@ -369,7 +373,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 	var attaches, detaches []string
 	for dev, p := range local {
 		pub, published := m.published[dev]
-		entry, inDir := m.devices.get(deviceKey(dev))
+		entry, inDir := m.devices.Get(deviceKey(dev))
 		if inDir && entry.RelayID == m.cfg.RelayID && entry.Agents == p.Agents && entry.Protocol == p.Protocol {
 			m.published[dev] = p
 			continue
@@ -418,7 +422,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			octx, cancel := context.WithTimeout(ctx, opTimeout)
-			done, err := detach(octx, m.devsKV, m.cfg.RelayID, dev, m.devices.record(deviceKey(dev)))
+			done, err := detach(octx, m.devsKV, m.cfg.RelayID, dev, hint(m.devices, deviceKey(dev)))
 			cancel()
 			results <- result{dev: dev, done: done, err: err}
 		})
@@ -452,7 +456,7 @@ const reconcileParallel = 32
 func (m *Member) attach(ctx context.Context, dev string, p Presence) (written time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	res, err := attach(ctx, m.devsKV, m.cfg.RelayID, dev, p, m.devices.record(deviceKey(dev)))
+	res, err := attach(ctx, m.devsKV, m.cfg.RelayID, dev, p, hint(m.devices, deviceKey(dev)))
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -90,12 +90,12 @@ func secretParity(relays []Relay, fresh func(Relay) bool, rec *SecretRecord) Sec
 // SecretParity compares the fleet secrets of the fresh relays now.
 func (m *Member) SecretParity() SecretParity {
 	v := m.view(time.Now())
-	return secretParity(m.relays.all(), func(r Relay) bool { return v.fresh(r.LastSeenAt) }, m.storedSecret())
+	return secretParity(m.relays.All(), func(r Relay) bool { return v.fresh(r.LastSeenAt) }, m.storedSecret())
 }
 
 // storedSecret returns the stored record as the mirror has it, or nil.
 func (m *Member) storedSecret() *SecretRecord {
-	if r, ok := m.secretRec.get(SecretRecordKey); ok {
+	if r, ok := m.secretRec.Get(SecretRecordKey); ok {
 		return &r
 	}
 	return nil
@@ -113,7 +113,7 @@ type secretView struct {
 
 func (m *Member) refreshSecretView() {
 	fv := m.view(time.Now())
-	relays := m.relays.all()
+	relays := m.relays.All()
 	p := secretParity(relays, func(r Relay) bool { return fv.fresh(r.LastSeenAt) }, m.storedSecret())
 	ours := m.secrets.Fingerprint()
 	v := &secretView{odd: map[string]bool{}, refuses: map[string]bool{}, legacy: map[string]bool{}}
@@ -157,7 +157,7 @@ func (m *Member) SecretLegacy(id string) bool {
 // of odd relays: secret.mismatch for a relay that became odd, and
 // secret.parity for one that no longer is.
 func (m *Member) checkSecretParity(v view) {
-	relays := m.relays.all()
+	relays := m.relays.All()
 	rec := m.storedSecret()
 	p := secretParity(relays, func(r Relay) bool { return v.fresh(r.LastSeenAt) }, rec)
 	odd := map[string]bool{}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/kvmirror"
 )
 
 // maxAttempts bounds the retries of a compare-and-set that loses to another
@@ -27,6 +29,13 @@ func update[T any](ctx context.Context, kv jetstream.KeyValue, key string, chang
 type record[T any] struct {
 	val T
 	rev uint64
+}
+
+// hint returns the record under key as the mirror m holds it, a starting
+// point for updateFrom.
+func hint[T any](m *kvmirror.Mirror[T], key string) *record[T] {
+	v, rev := m.Record(key)
+	return &record[T]{val: v, rev: rev}
 }
 
 // updateFrom is update whose first compare-and-set starts from hint, a

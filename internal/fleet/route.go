@@ -30,7 +30,7 @@ func (m *Member) RelayByIDHex(hex8 string) (Target, bool) {
 	if len(hex8) != 8 {
 		return Target{}, false
 	}
-	r, ok := m.relays.get("rl-" + hex8)
+	r, ok := m.relays.Get("rl-" + hex8)
 	if !ok {
 		return Target{}, false
 	}
@@ -40,7 +40,7 @@ func (m *Member) RelayByIDHex(hex8 string) (Target, bool) {
 // Known reports whether the directory has an entry for device: it had an
 // agent somewhere in the fleet, and has not been reaped.
 func (m *Member) Known(device string) bool {
-	_, ok := m.devices.get(deviceKey(device))
+	_, ok := m.devices.Get(deviceKey(device))
 	return ok
 }
 
@@ -50,8 +50,8 @@ func (m *Member) Known(device string) bool {
 // a drain moves nothing mid-flight, and users follow the agents as they
 // move — else Holder's choice.
 func (m *Member) Route(device, region string, vetoed func(id string) bool, exclude string) (Target, bool) {
-	if d, found := m.devices.get(deviceKey(device)); found && d.Agents > 0 && d.RelayID != exclude {
-		if r, ok := m.relays.get(d.RelayID); ok && m.view(time.Now()).fresh(r.LastSeenAt) && r.Healthy && (vetoed == nil || !vetoed(r.ID)) {
+	if d, found := m.devices.Get(deviceKey(device)); found && d.Agents > 0 && d.RelayID != exclude {
+		if r, ok := m.relays.Get(d.RelayID); ok && m.view(time.Now()).fresh(r.LastSeenAt) && r.Healthy && (vetoed == nil || !vetoed(r.ID)) {
 			return m.target(r), true
 		}
 	}
@@ -74,7 +74,7 @@ func (m *Member) target(r Relay) Target {
 func (m *Member) Holder(device, region string, vetoed func(id string) bool, exclude string) (t Target, ok bool) {
 	v := m.view(time.Now())
 	current := ""
-	if d, found := m.devices.get(deviceKey(device)); found {
+	if d, found := m.devices.Get(deviceKey(device)); found {
 		current = d.RelayID
 	}
 	sp := scratch.Get().(*[]ranking.Relay)
@@ -82,22 +82,21 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 	cands := (*sp)[:0]
 	// This relay knows its own drain or shutdown before its mirror does.
 	selfOut := m.shouldDrain.Load() || m.cfg.Local.Stopping()
-	m.relays.mu.RLock()
-	for _, r := range m.relays.items {
+	m.relays.Range(func(r Relay) bool {
 		avail := v.fresh(r.LastSeenAt) && r.Healthy && !r.Draining && !r.Stopping && r.ID != exclude &&
 			!(selfOut && r.ID == m.cfg.RelayID)
 		if avail && vetoed != nil && vetoed(r.ID) {
 			avail = false
 		}
 		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: m.loads.of(r.ID), Capacity: r.MaxForward})
-	}
-	m.relays.mu.RUnlock()
+		return true
+	})
 	*sp = cands
 	i := ranking.Holder(device, region, current, cands)
 	if i < 0 {
 		return Target{}, false
 	}
-	r, _ := m.relays.get(cands[i].ID)
+	r, _ := m.relays.Get(cands[i].ID)
 	return m.target(r), true
 }
 
@@ -107,7 +106,7 @@ func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []Ta
 	v := m.view(time.Now())
 	var cands []ranking.Relay
 	addrs := map[string]string{}
-	for _, r := range m.relays.all() {
+	for _, r := range m.relays.All() {
 		avail := v.fresh(r.LastSeenAt) && r.Healthy && !r.Draining && !r.Stopping && (vetoed == nil || !vetoed(r.ID))
 		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: m.loads.of(r.ID), Capacity: r.MaxForward})
 		if len(r.Addresses) > 0 {

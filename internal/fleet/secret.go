@@ -385,10 +385,10 @@ func (m *Member) reloadSecretFile() {
 // it back when it is gone (a NATS server restarted without its files): the
 // relays all run the same record, and the first to write it back wins.
 func (m *Member) followSecretRecord(ctx context.Context) {
-	if synced, _ := m.secretRec.status(); !synced {
+	if synced, _ := m.secretRec.Status(); !synced {
 		return
 	}
-	rec, ok := m.secretRec.get(SecretRecordKey)
+	rec, ok := m.secretRec.Get(SecretRecordKey)
 	if !ok {
 		m.restoreSecretRecord(ctx)
 		return
@@ -492,9 +492,9 @@ type SecretStatus struct {
 // SecretStatus returns the fleet secret as this relay sees it.
 func (m *Member) SecretStatus() SecretStatus {
 	v := m.view(time.Now())
-	relays := m.relays.all()
+	relays := m.relays.All()
 	var rec *SecretRecord
-	if r, ok := m.secretRec.get(SecretRecordKey); ok {
+	if r, ok := m.secretRec.Get(SecretRecordKey); ok {
 		rec = &r
 	}
 	p := secretParity(relays, func(r Relay) bool { return v.fresh(r.LastSeenAt) }, rec)
@@ -520,7 +520,7 @@ func (m *Member) rotationGuard() ([]Relay, error) {
 	v := m.view(time.Now())
 	var fresh []Relay
 	var files, old []string
-	for _, r := range m.relays.all() {
+	for _, r := range m.relays.All() {
 		if !v.fresh(r.LastSeenAt) {
 			continue
 		}
@@ -681,7 +681,7 @@ func relaysWithout(relays []Relay, fp string, signing bool) []string {
 // retireSecrets drops, for the lease holder, the old secrets whose grace
 // ended.
 func (m *Member) retireSecrets(ctx context.Context, t time.Time) {
-	rec, ok := m.secretRec.get(SecretRecordKey)
+	rec, ok := m.secretRec.Get(SecretRecordKey)
 	if !ok || !slices.ContainsFunc(rec.Secrets, func(s StoredSecret) bool { return retired(rec, s, t) }) {
 		return
 	}

@@ -64,7 +64,7 @@ type DeviceLink struct {
 // sorted by id.
 func (m *Member) Relays() []RelayStatus {
 	v := m.view(time.Now())
-	rs := m.relays.all()
+	rs := m.relays.All()
 	out := make([]RelayStatus, 0, len(rs))
 	for _, r := range rs {
 		out = append(out, m.relayStatus(r, v, m.loads.of(r.ID)))
@@ -75,7 +75,7 @@ func (m *Member) Relays() []RelayStatus {
 
 // Relay returns the relay with the given id.
 func (m *Member) Relay(id string) (RelayStatus, error) {
-	r, ok := m.relays.get(id)
+	r, ok := m.relays.Get(id)
 	if !ok {
 		return RelayStatus{}, fmt.Errorf("relay %q: %w", id, ErrNotFound)
 	}
@@ -114,7 +114,7 @@ func (m *Member) SetRelayDraining(ctx context.Context, id string, draining bool)
 // Devices returns every device in the directory, sorted by name.
 func (m *Member) Devices() []DeviceStatus {
 	v := m.view(time.Now())
-	ds := m.devices.all()
+	ds := m.devices.All()
 	out := make([]DeviceStatus, 0, len(ds))
 	for _, d := range ds {
 		out = append(out, m.deviceStatus(d, v))
@@ -125,7 +125,7 @@ func (m *Member) Devices() []DeviceStatus {
 
 // Device returns the directory entry of the named device and its relay.
 func (m *Member) Device(name string) (DeviceLink, error) {
-	d, ok := m.devices.get(deviceKey(name))
+	d, ok := m.devices.Get(deviceKey(name))
 	if !ok {
 		return DeviceLink{}, fmt.Errorf("device %q: %w", name, ErrNotFound)
 	}
@@ -142,7 +142,7 @@ func (m *Member) deviceStatus(d Attachment, v view) DeviceStatus {
 		Protocol: d.Protocol, UpdatedAt: d.UpdatedAt, State: StateOffline,
 	}
 	if d.Agents > 0 {
-		r, ok := m.relays.get(d.RelayID)
+		r, ok := m.relays.Get(d.RelayID)
 		s.Fresh = ok && v.fresh(r.LastSeenAt)
 		s.State = StateStale
 		if s.Fresh {
@@ -208,8 +208,7 @@ func (m *Member) Status() Status {
 	v := m.view(t)
 	s.ViewAgeMS = t.Sub(v.at).Milliseconds()
 	fresh := map[string]bool{}
-	m.relays.mu.RLock()
-	for _, r := range m.relays.items {
+	m.relays.Range(func(r Relay) bool {
 		s.Relays++
 		fresh[r.ID] = v.fresh(r.LastSeenAt)
 		if fresh[r.ID] {
@@ -218,10 +217,9 @@ func (m *Member) Status() Status {
 		if r.Draining {
 			s.DrainingRelays++
 		}
-	}
-	m.relays.mu.RUnlock()
-	m.devices.mu.RLock()
-	for _, d := range m.devices.items {
+		return true
+	})
+	m.devices.Range(func(d Attachment) bool {
 		s.Devices++
 		if d.Agents > 0 && fresh[d.RelayID] {
 			s.OnlineDevices++
@@ -229,7 +227,7 @@ func (m *Member) Status() Status {
 		if d.Agents > 0 && d.RelayID == m.cfg.RelayID {
 			s.DevicesHere++
 		}
-	}
-	m.devices.mu.RUnlock()
+		return true
+	})
 	return s
 }

@@ -164,6 +164,9 @@ func (n *Node) openState(ctx context.Context) error {
 		return fmt.Errorf("open tokens: %w", err)
 	}
 	n.tokens.OnRevoke(n.revoked)
+	// A NATS server back without its files lost the token records too:
+	// read the bucket whole, so that this relay forgets them as well.
+	n.store.OnReconnect(n.tokens.Resync)
 	path := n.cfg.AdminTokenPath()
 	created, err := n.tokens.EnsureAdminToken(ctx, path)
 	if err != nil {
