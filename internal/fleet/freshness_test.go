@@ -47,3 +47,50 @@ func TestViewFreshness(t *testing.T) {
 		})
 	}
 }
+
+// TestThawedView: once this relay's beats come back after a freeze, a peer
+// whose last beat came before the freeze is not aged by the freeze: fresh
+// for one window after the thaw, stale after it if it has not beaten again;
+// silences that began after the freeze count in full.
+func TestThawedView(t *testing.T) {
+	const (
+		interval = 2 * time.Second
+		window   = 6 * time.Second
+	)
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	// Own beats at 10 s, then none until 70 s: frozen from 12 s to 70 s.
+	f := thawed(at(10*time.Second), at(70*time.Second), interval)
+	if f == nil || !f.from.Equal(at(12*time.Second)) || !f.to.Equal(at(70*time.Second)) {
+		t.Fatalf("thawed = %+v, want a freeze from 12 s to 70 s", f)
+	}
+	for _, gap := range []time.Duration{interval, interval + 300*time.Millisecond, 2 * interval} {
+		if f := thawed(at(10*time.Second), at(10*time.Second).Add(gap), interval); f != nil {
+			t.Errorf("a beat %s after the last one is no freeze, got %+v", gap, f)
+		}
+	}
+	tests := []struct {
+		name      string
+		now       time.Time
+		peer      time.Time
+		wantAge   time.Duration
+		wantFresh bool
+	}{
+		{"at the thaw, peer beat just before the freeze", at(70 * time.Second), at(11 * time.Second), time.Second, true},
+		{"one window after the thaw, no new beat", at(76 * time.Second), at(11 * time.Second), 7 * time.Second, false},
+		{"at the thaw, peer already stale when it froze", at(70 * time.Second), at(4 * time.Second), 8 * time.Second, false},
+		{"peer beat after the thaw", at(72 * time.Second), at(71 * time.Second), time.Second, true},
+		{"peer's last beat during the freeze counts in full", at(72 * time.Second), at(50 * time.Second), 22 * time.Second, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := view{at: viewAt(tt.now, tt.now, true, interval), window: window, frozen: f} // this relay beating again
+			if got := v.age(tt.peer); got != tt.wantAge {
+				t.Errorf("age %s, want %s", got, tt.wantAge)
+			}
+			if got := v.fresh(tt.peer); got != tt.wantFresh {
+				t.Errorf("fresh %v, want %v", got, tt.wantFresh)
+			}
+		})
+	}
+}

@@ -56,6 +56,7 @@ type Member struct {
 	leaseHeld   atomic.Bool
 	stopping    atomic.Bool // the shutdown was announced
 	reachable   atomic.Bool
+	frozen      atomic.Pointer[freeze] // the relay set's last freeze that ended; see view
 
 	mu        sync.Mutex           // guards published; held by the reconcile loop
 	published map[string]Presence  // what this relay last wrote per device
@@ -106,9 +107,18 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		// An operator's drain (or undrain) of this relay takes effect at
 		// once, not at the next heartbeat: the beat that applies it is
 		// sent now.
-		OnApply: func(_, nw *Relay) {
+		OnApply: func(old, nw *Relay) {
+			m.noteOwnBeat(old, nw)
 			if nw != nil && nw.ID == m.cfg.RelayID && nw.Draining != m.shouldDrain.Load() {
 				m.BeatNow()
+			}
+		},
+		// After a gap in the watch the own beat comes back in a full read.
+		OnReload: func(old, items map[string]Relay) {
+			if prev, ok := old[m.cfg.RelayID]; ok {
+				if next, ok := items[m.cfg.RelayID]; ok {
+					m.noteOwnBeat(&prev, &next)
+				}
 			}
 		},
 	})
