@@ -2,9 +2,12 @@ package fleettest
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,6 +46,78 @@ func TestKeepArrivingAgentsStayWhereTheyArrive(t *testing.T) {
 		StartAgent(t, others[1], "dev", b.URL, tok, protocol(proto))
 		waitHolder(t, relays, "dev", others[1])
 	})
+}
+
+// steered is a TCP front door that sends every new connection to one
+// relay, which the test changes, as a hashing front door does when a relay
+// comes back and gets its share of devices again.
+type steered struct {
+	*roundRobin
+	to atomic.Value // string: the relay's base URL
+}
+
+func startSteered(t *testing.T, to string) *steered {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &steered{roundRobin: &roundRobin{ln: ln, conns: map[net.Conn]bool{}}}
+	s.to.Store(to)
+	s.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			target := s.to.Load().(string)
+			s.wg.Go(func() { s.pipe(c, target) })
+		}
+	})
+	t.Cleanup(s.close)
+	return s
+}
+
+// TestKeepArrivingAgentsSentBack: a native agent holds its device on the
+// relay its front door sent it to; then the front door sends the device to
+// another relay (as when a relay comes back after a failure). The first
+// user's request entering there has that relay ask for the agent, which
+// the holder sends back through the front door with a GOAWAY; the device
+// lands where its users are, and their requests no longer take a hop.
+func TestKeepArrivingAgentsSentBack(t *testing.T) {
+	relays := StartFleet(t, 3, keepArriving)
+	_, others := HolderFor(t, relays, "dev")
+	from, to := others[0], others[1]
+	front := startSteered(t, from.URL)
+	b := newBackend(t, "b1")
+	user := FleetToken(t, relays, auth.KindUser, "u", "dev")
+	StartAgent(t, &Relay{URL: front.URL()}, "dev", b.URL, FleetToken(t, relays, auth.KindAgent, "", "dev"))
+	waitHolder(t, relays, "dev", from)
+
+	front.to.Store(to.URL)
+	resp := do(t, http.MethodGet, to.URL+"/client/dev/echo/first", user, nil)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first request at the front door's new choice: %s", resp.Status)
+	}
+	waitHolder(t, relays, "dev", to)
+	Eventually(t, 10*time.Second, func() error {
+		if !slices.Contains(to.Node.Devices(), "dev") {
+			return errNotYet
+		}
+		return nil
+	})
+	before := forwards(t, to)
+	for range 5 {
+		resp := do(t, http.MethodGet, to.URL+"/client/dev/echo/after", user, nil)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("after the move: %s", resp.Status)
+		}
+	}
+	if n := forwards(t, to) - before; n != 0 {
+		t.Errorf("%v requests forwarded after the agent came to their relay", n)
+	}
 }
 
 // TestKeepArrivingAgentsListsNoRelays checks a native handshake's answer at

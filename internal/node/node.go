@@ -57,6 +57,7 @@ type Node struct {
 	authFails     *limit.Limiter // client addresses that keep failing to authenticate
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
+	backs         sendBacks // KeepArrivingAgents: when each device's agents were last asked back
 	probeClient   *http.Client
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
@@ -222,8 +223,12 @@ func (n *Node) buildServers() {
 		MaxChunkBytes: n.cfg.MaxChunkBytes,
 		Logger:        n.log,
 	})
+	var users http.RoundTripper = n.router
+	if n.cfg.KeepArrivingAgents {
+		users = n.frontDoorTransport(n.router)
+	}
 	n.publicHandler = relay.NewHandler(relay.Config{
-		Transport:     n.router,
+		Transport:     users,
 		VerifyPeer:    n.verifyPeer,
 		Agents:        agents,
 		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, Logger: n.log},
