@@ -78,7 +78,8 @@ func run(ctx context.Context, c config) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d native and %d long-poll devices, 3 relays (--keep-arriving-agents=%v), %d users' requests/s through the front door (half by path, half by X-Server-Name), forward share over %s; %d kill -9 trials.\n\n",
 		c.o.native, c.o.longpoll, c.o.keepArriving, c.rate, c.steady, c.trials)
-	fmt.Fprintf(&b, "| front door | forward share | kill -9: devices | back p50 | back p99 | max | not back in %s | failed requests / sent | forward share after the relay is back |\n|---|---|---|---|---|---|---|---|---|\n", backWithin)
+	fmt.Fprintf(&b, "| front door | forward share | kill -9: devices | back p50 | back p99 | max | not back in %s | failed requests / sent | forward share after the relay is back (all trials) |\n|---|---|---|---|---|---|---|---|---|\n", backWithin)
+	load := loadAvg()
 	for _, kind := range strings.Split(c.frontDoors, ",") {
 		row, err := measureOne(ctx, bin, root, filepath.Join(dir, kind), kind, c)
 		if err != nil {
@@ -86,7 +87,17 @@ func run(ctx context.Context, c config) (string, error) {
 		}
 		b.WriteString(row)
 	}
+	fmt.Fprintf(&b, "\nLoad average (1 min) at the start %s, at the end %s.\n", load, loadAvg())
 	return b.String(), nil
+}
+
+// loadAvg is the machine's one-minute load average, from /proc/loadavg.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
 }
 
 // measureOne starts a fleet behind one front door and measures it.
@@ -120,14 +131,15 @@ func measureOne(ctx context.Context, bin, root, dir, kind string, c config) (str
 		lost += t.lost
 		failed += t.load.failed
 		sent += t.load.sent
-		logf("trial %d: relay %d with %d devices killed: back p50 %s, p99 %s, max %s; %d not back; %d of %d requests failed %s",
-			i+1, t.relay, t.affected, pct(t.back, 50), pct(t.back, 99), pct(t.back, 100), t.lost, t.load.failed, t.load.sent, t.load.firstErr)
-		after = steady(ctx, s, c.rate, c.steady/2)
-		logf("after relay %d is back: %d requests, %.0f forwards (%.1f %%), %d failed", t.relay, after.sent, after.forwards, 100*after.share(), after.failed)
+		logf("trial %d: relay %d with %d devices killed: back p50 %s, p99 %s, max %s; %d not back %v; %d of %d requests failed %s",
+			i+1, t.relay, t.affected, pct(t.back, 50), pct(t.back, 99), pct(t.back, 100), t.lost, t.lostOnes, t.load.failed, t.load.sent, t.load.firstErr)
+		a := steady(ctx, s, c.rate, c.steady/2)
+		logf("after relay %d is back: %d requests, %.0f forwards (%.1f %%), %d failed", t.relay, a.sent, a.forwards, 100*a.share(), a.failed)
+		after.sent, after.forwards, after.failed = after.sent+a.sent, after.forwards+a.forwards, after.failed+a.failed
 	}
-	return fmt.Sprintf("| %s | **%.1f %%** (%.0f of %d) | %d | **%s** | **%s** | %s | %d | %d / %d | %.1f %% |\n",
+	return fmt.Sprintf("| %s | **%.1f %%** (%.0f of %d) | %d | **%s** | **%s** | %s | %d | %d / %d | %.1f %% (%.0f of %d) |\n",
 		kind, 100*before.share(), before.forwards, before.sent, affected,
-		ms(pct(back, 50)), ms(pct(back, 99)), ms(pct(back, 100)), lost, failed, sent, 100*after.share()), nil
+		ms(pct(back, 50)), ms(pct(back, 99)), ms(pct(back, 100)), lost, failed, sent, 100*after.share(), after.forwards, after.sent), nil
 }
 
 func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }

@@ -98,6 +98,7 @@ type trialResult struct {
 	affected int
 	back     []time.Duration // per affected device: kill to the first 200 through the front door
 	lost     int             // devices not back within the limit
+	lostOnes []string        // their names
 	load     loadResult      // the user load from the kill until every device was back
 }
 
@@ -152,9 +153,10 @@ func killTrial(ctx context.Context, s *setup, rate int, loadFor time.Duration) (
 	case <-time.After(time.Until(start.Add(loadFor))):
 	}
 	res.load = load.stop()
-	for _, t := range times {
+	for i, t := range times {
 		if t < 0 {
 			res.lost++
+			res.lostOnes = append(res.lostOnes, affected[i])
 		} else {
 			res.back = append(res.back, t)
 		}
