@@ -21,9 +21,9 @@ func keepArriving(c *node.Config) { c.KeepArrivingAgents = true }
 // TestKeepArrivingAgentsStayWhereTheyArrive puts agents of both protocols
 // on a relay the ranking would not pick, as a front door hashing on the
 // device does: with KeepArrivingAgents that relay keeps the device, and
-// users' requests there need no forward hop. A later agent of the device
-// arriving at another relay takes the device there, and the first relay
-// lets it go (split affinity).
+// users' requests there need no forward hop. Once that agent has gone, the
+// device's next agent arriving at another relay is kept there too, with no
+// redirect back to the relay that had it.
 func TestKeepArrivingAgentsStayWhereTheyArrive(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, proto string) {
 		relays := StartFleet(t, 3, keepArriving)
