@@ -253,6 +253,7 @@ func (n *Node) buildServers() {
 		Bind:         n.sessions.Bind,
 		Metrics:      n.registry,
 		Ready:        n.ready.Load,
+		Draining:     n.draining,
 		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
@@ -284,6 +285,11 @@ func (n *Node) serve(srv *http.Server, ln net.Listener) {
 		}
 	})
 }
+
+// draining reports whether an operator drains this relay: its /readyz then
+// answers 503, so that load balancers following it send no new agents or
+// users here while the agents move.
+func (n *Node) draining() bool { return n.member != nil && n.member.ShouldDrain() }
 
 // Ready reports whether the node takes new work (false once it drains).
 func (n *Node) Ready() bool { return n.ready.Load() }
