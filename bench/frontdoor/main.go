@@ -36,6 +36,7 @@ func main() {
 	flag.IntVar(&c.rate, "rate", 100, "users' requests per second through the front door")
 	flag.DurationVar(&c.steady, "steady", 20*time.Second, "how long the forward share is measured")
 	flag.IntVar(&c.trials, "trials", 3, "kill -9 trials per front door")
+	flag.BoolVar(&c.drain, "drain", true, "then drain a relay behind HAProxy, which follows /readyz")
 	flag.StringVar(&c.bin, "bin", "", "switchboard binary (default: build one)")
 	flag.StringVar(&c.md, "md", "", "also write the results as Markdown to this file")
 	flag.Parse()
@@ -58,6 +59,7 @@ type config struct {
 	rate       int
 	steady     time.Duration
 	trials     int
+	drain      bool
 	bin, md    string
 }
 
@@ -80,12 +82,19 @@ func run(ctx context.Context, c config) (string, error) {
 		c.o.native, c.o.longpoll, c.o.keepArriving, c.rate, c.steady, c.trials)
 	fmt.Fprintf(&b, "| front door | forward share | kill -9: devices | back p50 | back p99 | max | not back in %s | failed requests / sent | forward share after the relay is back (all trials) |\n|---|---|---|---|---|---|---|---|---|\n", backWithin)
 	load := loadAvg()
+	var drains []string
 	for _, kind := range strings.Split(c.frontDoors, ",") {
-		row, err := measureOne(ctx, bin, root, filepath.Join(dir, kind), kind, c)
+		row, drain, err := measureOne(ctx, bin, root, filepath.Join(dir, kind), kind, c)
 		if err != nil {
 			return b.String(), fmt.Errorf("%s: %w", kind, err)
 		}
 		b.WriteString(row)
+		if drain != "" {
+			drains = append(drains, drain)
+		}
+	}
+	if len(drains) > 0 {
+		b.WriteString("\n" + strings.Join(drains, ""))
 	}
 	fmt.Fprintf(&b, "\nLoad average (1 min) at the start %s, at the end %s.\n", load, loadAvg())
 	return b.String(), nil
@@ -100,15 +109,16 @@ func loadAvg() string {
 	return strings.Fields(string(b))[0]
 }
 
-// measureOne starts a fleet behind one front door and measures it.
-func measureOne(ctx context.Context, bin, root, dir, kind string, c config) (string, error) {
+// measureOne starts a fleet behind one front door and measures it: its
+// row of the table, and the line of its drain trial if it had one.
+func measureOne(ctx context.Context, bin, root, dir, kind string, c config) (row, drain string, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
+		return "", "", err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, kind+": "+format+"\n", args...) }
 	s, err := startSetup(ctx, bin, root, dir, kind, c.o)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer s.close()
 	logf("%d devices online behind %s", len(s.devices), s.front.url)
@@ -121,10 +131,10 @@ func measureOne(ctx context.Context, bin, root, dir, kind string, c config) (str
 	for i := range c.trials {
 		t, victim, err := killTrial(ctx, s, c.rate, loadAfterKill)
 		if err != nil {
-			return "", fmt.Errorf("trial %d: %w", i+1, err)
+			return "", "", fmt.Errorf("trial %d: %w", i+1, err)
 		}
 		if err := s.restart(ctx, victim); err != nil {
-			return "", fmt.Errorf("trial %d: restart relay %d: %w", i+1, victim.n, err)
+			return "", "", fmt.Errorf("trial %d: restart relay %d: %w", i+1, victim.n, err)
 		}
 		back = append(back, t.back...)
 		affected += t.affected
@@ -137,9 +147,22 @@ func measureOne(ctx context.Context, bin, root, dir, kind string, c config) (str
 		logf("after relay %d is back: %d requests, %.0f forwards (%.1f %%), %d failed", t.relay, a.sent, a.forwards, 100*a.share(), a.failed)
 		after.sent, after.forwards, after.failed = after.sent+a.sent, after.forwards+a.forwards, after.failed+a.failed
 	}
-	return fmt.Sprintf("| %s | **%.1f %%** (%.0f of %d) | %d | **%s** | **%s** | %s | %d | %d / %d | %.1f %% (%.0f of %d) |\n",
+	if kind == kindHAProxy && c.drain {
+		// nginx (without the commercial active checks) does not follow
+		// /readyz, so only HAProxy takes a drained relay out of its hash.
+		d, err := drainTrial(ctx, s, c.rate)
+		if err != nil {
+			return "", "", fmt.Errorf("drain: %w", err)
+		}
+		logf("drain of relay %d with %d devices: all moved in %s (%d left); %d of %d requests failed %s; forward share %.1f %%",
+			d.relay, d.devices, d.took.Round(time.Millisecond), d.left, d.load.failed, d.load.sent, d.load.firstErr, 100*d.load.share())
+		drain = fmt.Sprintf("- %s, `ctl relays drain` of relay %d with %d devices under the load: all moved in **%s** (%d left), failed requests **%d** of %d, %.1f %% forwarded meanwhile.\n",
+			kind, d.relay, d.devices, d.took.Round(100*time.Millisecond), d.left, d.load.failed, d.load.sent, 100*d.load.share())
+	}
+	row = fmt.Sprintf("| %s | **%.1f %%** (%.0f of %d) | %d | **%s** | **%s** | %s | %d | %d / %d | %.1f %% (%.0f of %d) |\n",
 		kind, 100*before.share(), before.forwards, before.sent, affected,
-		ms(pct(back, 50)), ms(pct(back, 99)), ms(pct(back, 100)), lost, failed, sent, 100*after.share(), after.forwards, after.sent), nil
+		ms(pct(back, 50)), ms(pct(back, 99)), ms(pct(back, 100)), lost, failed, sent, 100*after.share(), after.forwards, after.sent)
+	return row, drain, nil
 }
 
 func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }

@@ -6,11 +6,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
 
 // loadResult counts a steady user load through the front door.
@@ -217,4 +220,80 @@ func pct(ds []time.Duration, p float64) time.Duration {
 	slices.Sort(s)
 	i := int(float64(len(s)-1) * p / 100)
 	return s[i]
+}
+
+// drainResult is one operator drain of the relay holding the most devices.
+type drainResult struct {
+	relay, devices int
+	took           time.Duration // until the directory puts none of its devices on it
+	left           int           // devices still on it at drainWithin
+	load           loadResult    // the user load over the drain
+}
+
+// drainWithin bounds how long a drain trial waits for the relay to empty.
+const drainWithin = 30 * time.Second
+
+// drainTrial drains (ctl relays drain) the relay holding the most devices
+// under the user load, waits until the directory puts none of its devices
+// on it, then undrains it.
+func drainTrial(ctx context.Context, s *setup, rate int) (drainResult, error) {
+	h, err := s.holders(ctx)
+	if err != nil {
+		return drainResult{}, err
+	}
+	count := map[string]int{}
+	for _, r := range h {
+		count[r]++
+	}
+	var victim *relayProc
+	for _, r := range s.relays {
+		if victim == nil || count[r.id] > count[victim.id] {
+			victim = r
+		}
+	}
+	res := drainResult{relay: victim.n, devices: count[victim.id]}
+	load := startUserLoad(ctx, s, rate)
+	start := time.Now()
+	if _, err := s.api().SetRelayDraining(ctx, victim.id, true); err != nil {
+		load.stop()
+		return res, err
+	}
+	for time.Since(start) < drainWithin && ctx.Err() == nil {
+		h, err := s.holders(ctx)
+		if err == nil {
+			left := 0
+			for _, r := range h {
+				if r == victim.id {
+					left++
+				}
+			}
+			res.left = left
+			if left == 0 && len(h) == len(s.devices) {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	res.took = time.Since(start)
+	if ds, err := s.api().ListDevices(ctx); err == nil {
+		for _, d := range ds {
+			if d.State != fleet.StateOnline || d.RelayID == victim.id {
+				fmt.Fprintf(os.Stderr, "  after the drain: %s %s on %s (%d agents, %s)\n", d.Name, d.State, d.RelayID, d.Agents, d.Protocol)
+			}
+		}
+	}
+	// The load runs on a while after the move, for the requests that
+	// follow the last agents.
+	select {
+	case <-ctx.Done():
+	case <-time.After(2 * time.Second):
+	}
+	res.load = load.stop()
+	if _, err := s.api().SetRelayDraining(ctx, victim.id, false); err != nil {
+		return res, err
+	}
+	return res, s.waitFresh(ctx)
 }
