@@ -121,13 +121,23 @@ func movingFleet(t *testing.T, n, longEvery int) ([]*Relay, []string, string, ma
 }
 
 // TestDrainedRelayIsNotReady: an operator's drain turns the relay's
-// /readyz to 503 at once, so that a balancer following it (HAProxy's
+// /readyz to 503 at once on both listeners, so that a balancer following it (HAProxy's
 // check, a Kubernetes Service) sends it no new agents or users while its
 // agents move; an undrain turns it back.
 func TestDrainedRelayIsNotReady(t *testing.T) {
 	relays := StartFleet(t, 2)
 	c := NewClient(t, false)
-	readyz := func(r *Relay) (int, error) { return Status(c, r.AdminURL+"/readyz") }
+	readyz := func(r *Relay) (int, error) {
+		admin, err := Status(c, r.AdminURL+"/readyz")
+		if err != nil {
+			return 0, err
+		}
+		public, err := Status(c, r.URL+"/readyz")
+		if public != admin {
+			return 0, fmt.Errorf("/readyz: %d on the admin listener, %d on the public one (%v)", admin, public, err)
+		}
+		return admin, err
+	}
 	if code, err := readyz(relays[0]); code != http.StatusOK {
 		t.Fatalf("/readyz before the drain: %d %v", code, err)
 	}

@@ -233,7 +233,7 @@ func (n *Node) buildServers() {
 		Agents:        agents,
 		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
-		Ready:         n.ready.Load,
+		Ready:         func() bool { return n.ready.Load() && !n.draining() },
 		StallTimeout:  n.cfg.IdleStreamTimeout,
 		Logger:        n.log,
 	})
@@ -286,8 +286,8 @@ func (n *Node) serve(srv *http.Server, ln net.Listener) {
 	})
 }
 
-// draining reports whether an operator drains this relay: its /readyz then
-// answers 503, so that load balancers following it send no new agents or
+// draining reports whether an operator drains this relay: its /readyz (on
+// both listeners) then answers 503, so that load balancers following it send no new agents or
 // users here while the agents move.
 func (n *Node) draining() bool { return n.member != nil && n.member.ShouldDrain() }
 
