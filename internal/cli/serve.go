@@ -42,6 +42,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.StringVar(&cfg.NATSCAFile, "nats-ca-file", "", "PEM `file` of the CAs that sign the external NATS servers' certificates (tls:// URLs)")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "the `URL` other relays and agents use to reach this one; empty derives it from --listen")
 	fs.StringVar(&cfg.Region, "region", "", "region `label` used by fleet ranking")
+	fs.BoolVar(&cfg.KeepArrivingAgents, "keep-arriving-agents", false, "take every agent that reaches this relay instead of sending it to the ranking's choice, for fleets behind a front door that hashes on the device (docs/deploy.md); every relay of the fleet must agree")
 	fs.DurationVar(&cfg.Fleet.BeatInterval, "heartbeat-interval", fleet.DefaultBeatInterval, "how often the relay writes its heartbeat to the fleet state (`interval`)")
 	fs.DurationVar(&cfg.Fleet.FreshAfter, "fresh-after", 0, "a relay whose last heartbeat is older than this is stale (`duration`); 0 = 3 heartbeat intervals")
 	fs.IntVar(&cfg.Fleet.MaxForward, "max-forward", fleet.DefaultMaxForward, "most `devices` this relay takes when devices are assigned")

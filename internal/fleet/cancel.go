@@ -23,8 +23,13 @@ type cancelMsg struct {
 	Reason  string `json:"reason"`
 	// Moved marks a split-affinity drop: the device moved to another
 	// relay; requests in flight here may finish.
-	Moved bool   `json:"moved,omitempty"`
-	By    string `json:"by"`
+	Moved bool `json:"moved,omitempty"`
+	// SendBack asks RelayID instead to send the device's native agents
+	// back through the front door, gently (see Member.SendBack). A relay
+	// that predates the field drops the device as on a move, which sends
+	// the agents back too.
+	SendBack bool   `json:"send_back,omitempty"`
+	By       string `json:"by"`
 }
 
 // subscribeCancels delivers cancel requests meant for this relay to
@@ -37,6 +42,10 @@ func (m *Member) subscribeCancels() (*nats.Subscription, error) {
 			return
 		}
 		if c.RelayID != "" && c.RelayID != m.cfg.RelayID {
+			return
+		}
+		if c.SendBack {
+			m.cfg.OnSendBack(c.Device, c.By)
 			return
 		}
 		m.log.Info("dropping a device's sessions", "device", c.Device, "reason", c.Reason, "by", c.By)
@@ -55,6 +64,16 @@ func (m *Member) publishCancel(c cancelMsg) {
 	if err != nil {
 		m.log.Debug("could not ask a relay to drop a device", "device", c.Device, "relay", c.RelayID, "error", err)
 	}
+}
+
+// SendBack asks relay holder to send device's native agents back through
+// the front door they came in by: users of the device reach this relay
+// through it, so the front door now sends the device here (a relay that
+// came back after a failure gets its share back this way). It does not
+// wait; a relay that misses it keeps the device, and users' requests take
+// the forward hop.
+func (m *Member) SendBack(device, holder string) {
+	m.publishCancel(cancelMsg{Device: device, RelayID: holder, Reason: "its users reach relay " + m.cfg.RelayID, SendBack: true})
 }
 
 // CancelDevice asks every relay of the fleet to drop all sessions of device

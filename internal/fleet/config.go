@@ -82,6 +82,10 @@ type Config struct {
 	// another relay that took the device (moved true: requests in flight
 	// may finish). Optional; it must not block long.
 	OnCancel func(device, reason string, moved bool)
+	// OnSendBack is called when relay by asks this relay to send the
+	// device's native agents back through the front door (Member.SendBack).
+	// Optional; it must not block long.
+	OnSendBack func(device, by string)
 	// Logger receives transitions; nil discards.
 	Logger *slog.Logger
 }
@@ -120,6 +124,9 @@ func (c *Config) Complete() {
 	}
 	if c.OnCancel == nil {
 		c.OnCancel = func(string, string, bool) {}
+	}
+	if c.OnSendBack == nil {
+		c.OnSendBack = func(string, string) {}
 	}
 }
 

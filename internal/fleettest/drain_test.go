@@ -3,6 +3,7 @@ package fleettest
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -117,4 +118,43 @@ func movingFleet(t *testing.T, n, longEvery int) ([]*Relay, []string, string, ma
 		return nil
 	})
 	return relays, devices, user, before
+}
+
+// TestDrainedRelayIsNotReady: an operator's drain turns the relay's
+// /readyz to 503 at once on both listeners, so that a balancer following it (HAProxy's
+// check, a Kubernetes Service) sends it no new agents or users while its
+// agents move; an undrain turns it back.
+func TestDrainedRelayIsNotReady(t *testing.T) {
+	relays := StartFleet(t, 2)
+	c := NewClient(t, false)
+	readyz := func(r *Relay) (int, error) {
+		admin, err := Status(c, r.AdminURL+"/readyz")
+		if err != nil {
+			return 0, err
+		}
+		public, err := Status(c, r.URL+"/readyz")
+		if public != admin {
+			return 0, fmt.Errorf("/readyz: %d on the admin listener, %d on the public one (%v)", admin, public, err)
+		}
+		return admin, err
+	}
+	if code, err := readyz(relays[0]); code != http.StatusOK {
+		t.Fatalf("/readyz before the drain: %d %v", code, err)
+	}
+	id := relays[0].Node.Fleet().ID()
+	for _, draining := range []bool{true, false} {
+		if err := relays[1].Node.Fleet().SetRelayDraining(t.Context(), id, draining); err != nil {
+			t.Fatal(err)
+		}
+		want := map[bool]int{true: http.StatusServiceUnavailable, false: http.StatusOK}[draining]
+		Eventually(t, 5*time.Second, func() error {
+			if code, err := readyz(relays[0]); code != want {
+				return fmt.Errorf("/readyz with draining %v: %d %v, want %d", draining, code, err, want)
+			}
+			return nil
+		})
+	}
+	if code, err := readyz(relays[1]); code != http.StatusOK {
+		t.Errorf("/readyz of the relay that was not drained: %d %v", code, err)
+	}
 }

@@ -74,6 +74,17 @@ type Config struct {
 	PeerCAFile string
 	// Region labels the relay for the ranking (same region first).
 	Region string
+	// KeepArrivingAgents makes this relay take every native agent that
+	// reaches it and hold every long-poll agent's poll itself, instead of
+	// sending them to the relay the ranking picks, and gives agents no list
+	// of relays, so that they always come back through the address they
+	// were configured with. It is for fleets behind a front door that
+	// hashes on the device (see docs/design/routing.md): the relay the
+	// front door sends a device's agents to keeps the device, and users'
+	// requests, hashed to the same relay, need no forward hop. A relay that
+	// drains or stops still turns agents away. Off by default: behind a
+	// round-robin balancer it would scatter devices over the relays.
+	KeepArrivingAgents bool
 	// Watchdog sets how this relay probes its peers and how long a veto
 	// lasts; see watchdog.Config (Peers and Probe are filled in).
 	Watchdog watchdog.Config

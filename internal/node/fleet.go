@@ -75,6 +75,7 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.Local = local{n}
 	fc.Logger = n.log
 	fc.OnCancel = n.cancelDevice
+	fc.OnSendBack = n.sentBack
 	fc.OnChange = n.changes.signal
 	fc.OnShouldDrain = n.onShouldDrain
 	moves := prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -58,6 +58,7 @@ type Node struct {
 	adminFails    *limit.Limiter // the same on the admin listener: the operator's budget is apart
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
+	backs         sendBacks // KeepArrivingAgents: when each device's agents were last asked back
 	probeClient   *http.Client
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
@@ -230,13 +231,17 @@ func (n *Node) buildServers() {
 		MaxChunkBytes: n.cfg.MaxChunkBytes,
 		Logger:        n.log,
 	})
+	var users http.RoundTripper = n.router
+	if n.cfg.KeepArrivingAgents {
+		users = n.frontDoorTransport(n.router)
+	}
 	n.publicHandler = relay.NewHandler(relay.Config{
-		Transport:     n.router,
+		Transport:     users,
 		VerifyPeer:    n.verifyPeer,
 		Agents:        agents,
 		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
-		Ready:         n.ready.Load,
+		Ready:         func() bool { return n.ready.Load() && !n.draining() },
 		StallTimeout:  n.cfg.IdleStreamTimeout,
 		Logger:        n.log,
 	})
@@ -256,6 +261,7 @@ func (n *Node) buildServers() {
 		Bind:         n.sessions.Bind,
 		Metrics:      n.registry,
 		Ready:        n.ready.Load,
+		Draining:     n.draining,
 		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
@@ -287,6 +293,11 @@ func (n *Node) serve(srv *http.Server, ln net.Listener) {
 		}
 	})
 }
+
+// draining reports whether an operator drains this relay: its /readyz (on
+// both listeners) then answers 503, so that load balancers following it send no new agents or
+// users here while the agents move.
+func (n *Node) draining() bool { return n.member != nil && n.member.ShouldDrain() }
 
 // Ready reports whether the node takes new work (false once it drains).
 func (n *Node) Ready() bool { return n.ready.Load() }

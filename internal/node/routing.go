@@ -223,12 +223,26 @@ func (n *Node) pollVetoed(id string) bool {
 // agent is redirected. An agent that follows a redirect is taken wherever
 // it lands; one that names the relay it lost as unreachable has that relay
 // left out for its device alone (the relay is not vetoed for anyone else).
+//
+// With KeepArrivingAgents the relay takes every agent while it does not
+// drain or stop, and lists no relays: the front door chose this relay for
+// the device, and the agent comes back through the front door.
 func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 	p := tunnel.Placement{RelayID: n.member.ID()}
+	draining := n.member.ShouldDrain() || n.stopping.Load()
+	if n.cfg.KeepArrivingAgents {
+		if draining {
+			// The front door follows /readyz, which is false by now: the
+			// agent's next try through it reaches another relay.
+			p.Refuse = "this relay is draining; connect again through the front door"
+			return p
+		}
+		n.noteLost(r, device)
+		return p
+	}
 	for _, t := range n.member.Ranked(device, n.cfg.Region, n.placeVetoed) {
 		p.Relays = append(p.Relays, tunnel.RelayAddr{ID: t.ID, URL: t.Address})
 	}
-	draining := n.member.ShouldDrain() || n.stopping.Load()
 	if r.Header.Get(tunnel.RedirectedHeader) != "" && !draining {
 		n.noteLost(r, device)
 		return p
@@ -277,6 +291,9 @@ func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handle
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "this relay is shutting down; poll another", http.StatusServiceUnavailable)
 		})
+	}
+	if poll && n.cfg.KeepArrivingAgents && !n.member.ShouldDrain() {
+		return nil // the front door chose this relay for the device: hold the poll here
 	}
 	where, vetoed := n.member.Route, n.forwardVetoed
 	if poll {

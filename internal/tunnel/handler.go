@@ -73,6 +73,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if list := FormatRelays(place.Relays); list != "" {
 		w.Header().Set(RelaysHeader, list)
 	}
+	if place.Refuse != "" {
+		w.Header().Set("Retry-After", "1")
+		textError(w, http.StatusServiceUnavailable, place.Refuse)
+		return
+	}
 	if place.Redirect != "" {
 		w.Header().Set("Location", place.Redirect)
 		w.Header().Set(HolderHeader, place.Holder)

@@ -41,6 +41,9 @@ type Placement struct {
 	RelayID string
 	// Relays are the fleet's relays, best first for the device.
 	Relays []RelayAddr
+	// Refuse, when set, turns the agent away with 503 and this message
+	// (and Retry-After), to try again elsewhere; Redirect is then unused.
+	Refuse string
 }
 
 // RelayAddr is one relay of the fleet as an agent knows it.

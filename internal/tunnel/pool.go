@@ -253,6 +253,23 @@ func (p *Pool) CloseDevice(device string) int {
 	return n
 }
 
+// DrainDevice asks the agents of device's sessions to go, as a drain does
+// (a GOAWAY: streams in flight finish), so that they reconnect through the
+// address they dialled. It returns how many it asked.
+func (p *Pool) DrainDevice(device string) int {
+	p.mu.Lock()
+	list := slices.Clone(p.devices[device])
+	p.mu.Unlock()
+	n := 0
+	for _, s := range list {
+		if !s.draining.Load() {
+			s.drain()
+			n++
+		}
+	}
+	return n
+}
+
 // CloseAgent closes every session opened with the credential agentID,
 // draining or not, cutting its streams: the credential was revoked. It
 // returns how many it closed.

@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -211,4 +214,73 @@ func TestDrainWaitsUntilMovable(t *testing.T) {
 	cancel()
 	<-stayServed
 	<-stays.Done()
+}
+
+// TestDrainDeviceSendsOnlyItsAgents: DrainDevice sends the sessions of one
+// device a GOAWAY, and a stream in flight on them finishes first; the
+// other devices' sessions stay.
+func TestDrainDeviceSendsOnlyItsAgents(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := NewPool(Liveness{}, nil)
+	defer pool.Close()
+	release := make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		io.WriteString(w, "late")
+	})
+	var served sync.WaitGroup
+	add := func(device string) *Session {
+		relayEnd, agentEnd := net.Pipe()
+		served.Go(func() { Serve(ctx, agentEnd, slow, Liveness{}) })
+		s, err := pool.Add(relayEnd, device, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	back, stays := add("back"), add("stays")
+	answer := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://back/x", nil)
+		resp, err := pool.RoundTrip(req)
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answer <- string(b)
+	}()
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if back.Inflight() == 0 {
+			return errors.New("the request has not reached the agent")
+		}
+		return nil
+	})
+	if n := pool.DrainDevice("back"); n != 1 {
+		t.Fatalf("DrainDevice asked %d sessions, want 1", n)
+	}
+	if pool.Ready("back") {
+		t.Error("a device whose agent was sent back still takes new requests here")
+	}
+	close(release)
+	if got := <-answer; got != "late" {
+		t.Errorf("the stream in flight got %q, want it finished", got)
+	}
+	select {
+	case <-back.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session sent back did not end")
+	}
+	select {
+	case <-stays.Done():
+		t.Fatal("another device's session ended")
+	default:
+	}
+	if n := pool.DrainDevice("back"); n != 0 {
+		t.Errorf("a second DrainDevice asked %d sessions", n)
+	}
+	cancel()
+	served.Wait()
 }
