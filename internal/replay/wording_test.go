@@ -40,8 +40,9 @@ func TestLibraryWording(t *testing.T) {
 	})
 	t.Run("x/net: closed by this side with the request in flight", func(t *testing.T) {
 		inFlight := make(chan struct{})
-		cc := xnetConn(t, dialPeer(t, func(*http2.Framer, uint32, net.Conn) {
+		cc := xnetConn(t, dialPeer(t, func(_ *http2.Framer, _ uint32, c net.Conn) {
 			close(inFlight)
+			io.Copy(io.Discard, c) // the peer holds on: only this side closes
 		}))
 		go func() { <-inFlight; cc.Close() }()
 		_, err := cc.RoundTrip(get(t, "http://dev/"))
