@@ -240,30 +240,24 @@ func (p *Pool) Devices() []string {
 // agents reconnect. Sessions already draining are left to finish. It
 // returns how many it closed.
 func (p *Pool) CloseDevice(device string) int {
-	p.mu.Lock()
-	list := slices.Clone(p.devices[device])
-	p.mu.Unlock()
-	n := 0
-	for _, s := range list {
-		if !s.draining.Load() {
-			s.Close()
-			n++
-		}
-	}
-	return n
+	return p.eachLive(device, func(s *Session) { s.Close() })
 }
 
 // DrainDevice asks the agents of device's sessions to go, as a drain does
 // (a GOAWAY: streams in flight finish), so that they reconnect through the
 // address they dialled. It returns how many it asked.
-func (p *Pool) DrainDevice(device string) int {
+func (p *Pool) DrainDevice(device string) int { return p.eachLive(device, (*Session).drain) }
+
+// eachLive calls f on each session of device that is not draining, outside
+// the lock, and returns how many it called it on.
+func (p *Pool) eachLive(device string, f func(*Session)) int {
 	p.mu.Lock()
 	list := slices.Clone(p.devices[device])
 	p.mu.Unlock()
 	n := 0
 	for _, s := range list {
 		if !s.draining.Load() {
-			s.drain()
+			f(s)
 			n++
 		}
 	}
