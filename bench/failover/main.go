@@ -319,16 +319,9 @@ func (b *bench) api(skip *relayProc) *control.Client {
 func (b *bench) waitFresh(ctx context.Context, n int) error {
 	return benchkit.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
 		for _, r := range b.relays {
-			c := &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
-			rs, err := c.ListRelays(ctx)
+			fresh, err := benchkit.FreshRelays(ctx, &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client})
 			if err != nil {
 				return err
-			}
-			fresh := 0
-			for _, x := range rs {
-				if x.Fresh && !x.Draining {
-					fresh++
-				}
 			}
 			if fresh < n {
 				return fmt.Errorf("relay %d sees %d fresh relays", r.n, fresh)

@@ -195,15 +195,9 @@ func (s *setup) waitFresh(ctx context.Context) error {
 			if !r.alive() {
 				continue
 			}
-			rs, err := (&control.Client{BaseURL: r.adminURL(), Token: s.token, HTTPClient: s.client}).ListRelays(ctx)
+			fresh, err := benchkit.FreshRelays(ctx, &control.Client{BaseURL: r.adminURL(), Token: s.token, HTTPClient: s.client})
 			if err != nil {
 				return err
-			}
-			fresh := 0
-			for _, x := range rs {
-				if x.Fresh && !x.Draining {
-					fresh++
-				}
 			}
 			if fresh < live {
 				return fmt.Errorf("relay %d sees %d fresh relays of %d", r.n, fresh, live)

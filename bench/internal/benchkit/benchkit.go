@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/control"
 )
 
 // Binary returns bin, or builds ./cmd/switchboard into dir and returns its
@@ -108,4 +110,20 @@ func SaveProfile(u, token, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// FreshRelays returns how many relays the operator API of one relay lists as
+// fresh and not draining.
+func FreshRelays(ctx context.Context, c *control.Client) (int, error) {
+	rs, err := c.ListRelays(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range rs {
+		if r.Fresh && !r.Draining {
+			n++
+		}
+	}
+	return n, nil
 }
