@@ -63,7 +63,7 @@ func (a *Agent) runNative(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		silent := wc.silent()
+		silent := wc.silent(up, a.cfg.Liveness.WithDefaults().Timeout)
 		w.lost(silent, wc.lastSign(up))
 		if silent {
 			// The relay stopped answering: go to the next relay at once.

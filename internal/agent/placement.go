@@ -177,5 +177,12 @@ func (c *watchedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// silent reports whether this side closed the connection before the relay did.
-func (c *watchedConn) silent() bool { return !c.readFailed.Load() }
+// silent reports whether the relay stopped answering: this side closed the
+// connection before the relay did, and nothing came from the relay for
+// quiet (the liveness timeout) before that. A close of this side that
+// follows a failed write to a relay that was just heard from is the relay
+// going away, not falling silent: the read that would have seen it lost
+// the race.
+func (c *watchedConn) silent(since time.Time, quiet time.Duration) bool {
+	return !c.readFailed.Load() && time.Since(c.lastSign(since)) >= quiet
+}
