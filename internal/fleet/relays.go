@@ -131,7 +131,11 @@ func setDraining(ctx context.Context, kv jetstream.KeyValue, id string, draining
 		}
 		changed = cur.Draining != draining
 		cur.Draining = draining
-		return cur, changed, nil
+		// Written even when unchanged: a read may come from a replica
+		// that lags (a NATS cluster without its quorum serves direct
+		// reads, no writes), and only a write NATS confirms tells the
+		// operator the flag is what they asked for.
+		return cur, true, nil
 	})
 	return changed, err
 }
