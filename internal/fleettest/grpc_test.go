@@ -40,24 +40,31 @@ func TestGRPCThroughRelay(t *testing.T) {
 	forEachProtocol(t, testGRPC)
 }
 
-func testGRPC(t *testing.T, proto string) {
+// grpcDevice serves device through a new relay and an agent of proto that
+// speaks h2c to the gRPC server at addr, and returns a client connection to
+// the relay and the metadata that names device with a user token for it.
+func grpcDevice(t *testing.T, proto, device, addr string) (*grpc.ClientConn, metadata.MD) {
+	t.Helper()
 	r := StartRelay(t)
-	addr, hs := startGRPC(t)
-	hs.SetServingStatus("robot.Arm", healthpb.HealthCheckResponse_SERVING)
-	StartAgent(t, r, "grpc-dev", "http://"+addr, r.Token(t, auth.KindAgent, "grpc agent", "grpc-dev"),
+	StartAgent(t, r, device, "http://"+addr, r.Token(t, auth.KindAgent, "grpc agent", device),
 		protocol(proto), func(c *agent.Config) { c.BackendH2C = true })
-	r.WaitDevice(t, "grpc-dev")
-	user := r.Token(t, auth.KindUser, "alice", "grpc-dev")
-
+	r.WaitDevice(t, device)
 	conn, err := grpc.NewClient(strings.TrimPrefix(r.URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
+	return conn, metadata.Pairs("x-server-name", device, "x-switchboard-token", r.Token(t, auth.KindUser, "alice", device))
+}
+
+func testGRPC(t *testing.T, proto string) {
+	addr, hs := startGRPC(t)
+	hs.SetServingStatus("robot.Arm", healthpb.HealthCheckResponse_SERVING)
+	conn, md := grpcDevice(t, proto, "grpc-dev", addr)
 	client := healthpb.NewHealthClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "grpc-dev", "x-switchboard-token", user)
+	ctx = metadata.NewOutgoingContext(ctx, md)
 
 	t.Run("unary", func(t *testing.T) {
 		resp, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "robot.Arm"})
@@ -122,18 +129,7 @@ func testGRPC(t *testing.T, proto string) {
 // request body end (an empty DATA frame), not a request without one.
 func TestGRPCInteropThroughRelay(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, proto string) {
-		r := StartRelay(t)
-		addr := startInteropGRPC(t)
-		StartAgent(t, r, "interop-dev", "http://"+addr, r.Token(t, auth.KindAgent, "interop agent", "interop-dev"),
-			protocol(proto), func(c *agent.Config) { c.BackendH2C = true })
-		r.WaitDevice(t, "interop-dev")
-		user := r.Token(t, auth.KindUser, "alice", "interop-dev")
-
-		conn, err := grpc.NewClient(strings.TrimPrefix(r.URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn, md := grpcDevice(t, proto, "interop-dev", startInteropGRPC(t))
 		client := testgrpc.NewTestServiceClient(conn)
 		for _, c := range grpcCases {
 			t.Run(c.name, func(t *testing.T) {
@@ -142,8 +138,7 @@ func TestGRPCInteropThroughRelay(t *testing.T) {
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "interop-dev", "x-switchboard-token", user)
-				if err := c.run(ctx, client); err != nil {
+				if err := c.run(metadata.NewOutgoingContext(ctx, md), client); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -157,26 +152,15 @@ func TestGRPCInteropThroughRelay(t *testing.T) {
 // a different request, which some servers never answer.
 func TestGRPCEmptyClientStreamEndsOnData(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, proto string) {
-		r := StartRelay(t)
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		ends := &streamEnds{}
-		addr := serveInterop(t, frameListener{Listener: lis, ends: ends})
-		StartAgent(t, r, "interop-dev", "http://"+addr, r.Token(t, auth.KindAgent, "interop agent", "interop-dev"),
-			protocol(proto), func(c *agent.Config) { c.BackendH2C = true })
-		r.WaitDevice(t, "interop-dev")
-		user := r.Token(t, auth.KindUser, "alice", "interop-dev")
-		conn, err := grpc.NewClient(strings.TrimPrefix(r.URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn, md := grpcDevice(t, proto, "interop-dev", serveInterop(t, frameListener{Listener: lis, ends: ends}))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "interop-dev", "x-switchboard-token", user)
-		if err := clientStream(ctx, testgrpc.NewTestServiceClient(conn)); err != nil {
+		if err := clientStream(metadata.NewOutgoingContext(ctx, md), testgrpc.NewTestServiceClient(conn)); err != nil {
 			t.Fatal(err)
 		}
 		if onHeaders, onData := ends.counts(); onHeaders != 0 || onData != 1 {

@@ -7,13 +7,11 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 
@@ -58,7 +56,6 @@ func (streamingService) FullDuplexCall(stream testpb.TestService_FullDuplexCallS
 }
 
 func TestNativeGRPCStreaming(t *testing.T) {
-	r := StartRelay(t)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -67,19 +64,11 @@ func TestNativeGRPCStreaming(t *testing.T) {
 	testpb.RegisterTestServiceServer(srv, streamingService{})
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
-	StartAgent(t, r, "grpc-dev", "http://"+lis.Addr().String(), r.Token(t, auth.KindAgent, "a", "grpc-dev"),
-		protocol(agent.ProtocolNative), func(c *agent.Config) { c.BackendH2C = true })
-	r.WaitDevice(t, "grpc-dev")
-
-	conn, err := grpc.NewClient(strings.TrimPrefix(r.URL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn, md := grpcDevice(t, agent.ProtocolNative, "grpc-dev", lis.Addr().String())
 	client := testpb.NewTestServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, "x-server-name", "grpc-dev", "x-switchboard-token", r.Token(t, auth.KindUser, "u"))
+	ctx = metadata.NewOutgoingContext(ctx, md)
 
 	t.Run("client streaming", func(t *testing.T) {
 		stream, err := client.StreamingInputCall(ctx)
