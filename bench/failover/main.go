@@ -450,25 +450,8 @@ const minDown = 3 * time.Second
 // firstSuccess probes device through the relays in turn until a request
 // succeeds, and returns how long after start; -1 after 10 s.
 func (b *bench) firstSuccess(ctx context.Context, device string, relays []string, start time.Time) time.Duration {
-	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	tick := time.NewTicker(b.o.probeEvery)
-	defer tick.Stop()
-	for i := 0; time.Since(start) < 10*time.Second; i++ {
-		resp, err := c.Get(relays[i%len(relays)] + "/client/" + device + "/")
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return time.Since(start)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return -1
-		case <-tick.C:
-		}
-	}
-	return -1
+	return benchkit.FirstOK(ctx, func(i int) string { return relays[i%len(relays)] + "/client/" + device + "/" },
+		start, 10*time.Second, b.o.probeEvery, time.Second)
 }
 
 // extras measures the fleet's other promises under load, each scenario

@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -13,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
 
@@ -188,27 +187,8 @@ func (s *setup) restart(ctx context.Context, r *relayProc) error {
 // firstSuccess probes device through the front door every 10 ms until a
 // request succeeds, and returns how long after start; -1 after backWithin.
 func firstSuccess(ctx context.Context, front, device string, start time.Time) time.Duration {
-	tr := &http.Transport{DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	c := &http.Client{Timeout: 2 * time.Second, Transport: tr}
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for time.Since(start) < backWithin {
-		resp, err := c.Get(front + "/client/" + device + "/small?probe")
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return time.Since(start)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return -1
-		case <-tick.C:
-		}
-	}
-	return -1
+	return benchkit.FirstOK(ctx, func(int) string { return front + "/client/" + device + "/small?probe" },
+		start, backWithin, 10*time.Millisecond, 2*time.Second)
 }
 
 // pct returns the p-th percentile of ds (p in 0..100); 0 when empty.

@@ -127,3 +127,30 @@ func FreshRelays(ctx context.Context, c *control.Client) (int, error) {
 	}
 	return n, nil
 }
+
+// FirstOK asks url(i) for i = 0, 1, … every interval, on a new connection
+// each time, until one answers 200, and returns how long after start that
+// was; -1 when within has passed since start, or ctx ended, first.
+func FirstOK(ctx context.Context, url func(i int) string, start time.Time, within, interval, timeout time.Duration) time.Duration {
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Timeout: timeout, Transport: tr}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := 0; time.Since(start) < within; i++ {
+		resp, err := c.Get(url(i))
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return time.Since(start)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return -1
+		case <-tick.C:
+		}
+	}
+	return -1
+}
