@@ -14,9 +14,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchboard-relay/switchboard/internal/access"
+	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/peer"
-	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
@@ -101,37 +102,92 @@ func (n *Node) openRouting(ctx context.Context) error {
 
 	fr := router.NewFleet(n.peerTLS)
 	fr.Local = &router.Local{Native: n.tunnels, LongPoll: n.broker}
-	fr.Holders = func(device, exclude string) (fleet.Target, bool) {
-		t, ok := n.member.Route(device, n.cfg.Region, n.forwardVetoed, exclude)
-		if ok && t.Self && (n.member.ShouldDrain() || n.stopping.Load()) && !fr.HasAgent(device) && !n.broker.Remembers(device) {
-			// The device is leaving this relay, and its agent is gone from
-			// here: send the request to where the agent is being placed,
-			// before the directory says so, to wait for it there.
-			if h, hok := n.member.Holder(device, n.cfg.Region, n.forwardVetoed, exclude); hok && !h.Self {
-				h.Final = true
-				return h, true
-			}
-		}
-		return t, ok
-	}
-	fr.HasAgent = func(device string) bool { return n.tunnels.Ready(device) || n.broker.HasAgent(device) }
-	fr.Hops = relay.Hops
+	fr.Directory = n.view(n.forwardVetoed)
+	fr.Registry = n.member
+	fr.Agents = localAgents{tunnels: n.tunnels, broker: n.broker}
+	fr.Status = nodeStatus{n}
 	fr.Signer = n.signer
-	fr.Spend = n.spendCode
-	fr.Changes = n.changes.next
-	fr.Known = func(device string) bool { return n.member.Known(device) || n.broker.Remembers(device) }
+	fr.Spend = codeSpender{n}
+	fr.Changes = n.changes
 	fr.Grace = n.cfg.Broker.NoAgentGrace
-	fr.Veto = n.watchdog.Veto
-	fr.OnForward = func(_ string, err error) {
-		if err != nil {
-			forwards.WithLabelValues(forwardOutcomeErr).Inc()
-			return
-		}
-		forwards.WithLabelValues(forwardOutcomeOK).Inc()
-	}
+	fr.Vetoer = n.watchdog
+	fr.Observer = forwardCounter{forwards}
 	fr.Logger = n.log
 	n.router = fr
 	return nil
+}
+
+// Compile-time checks that the router's inputs are what node gives it.
+var (
+	_ router.Directory       = fleetView{}
+	_ router.Ranker          = fleetView{}
+	_ router.Registry        = (*fleet.Member)(nil)
+	_ router.Owners          = (*fleet.Member)(nil)
+	_ router.Agents          = localAgents{}
+	_ router.Status          = nodeStatus{}
+	_ router.Vetoer          = (*watchdog.Watchdog)(nil)
+	_ router.Changes         = (*changeHub)(nil)
+	_ router.Spender         = codeSpender{}
+	_ router.ForwardObserver = forwardCounter{}
+)
+
+// fleetView is this relay's view of where devices are served, in its
+// region, leaving out the relays vetoed says.
+type fleetView struct {
+	member *fleet.Member
+	region string
+	vetoed func(id string) bool
+}
+
+// view returns the fleet as seen with the relays vetoed says left out.
+func (n *Node) view(vetoed func(id string) bool) fleetView {
+	return fleetView{member: n.member, region: n.cfg.Region, vetoed: vetoed}
+}
+
+func (v fleetView) Route(device, exclude string) (fleet.Target, bool) {
+	return v.member.Route(device, v.region, v.vetoed, exclude)
+}
+
+func (v fleetView) Holder(device, exclude string) (fleet.Target, bool) {
+	return v.member.Holder(device, v.region, v.vetoed, exclude)
+}
+
+func (v fleetView) Ranked(device string) []fleet.Target {
+	return v.member.Ranked(device, v.region, v.vetoed)
+}
+
+// localAgents are this relay's agents: native tunnels and long-poll agents.
+type localAgents struct {
+	tunnels *tunnel.Pool
+	broker  *broker.Broker
+}
+
+func (a localAgents) HasAgent(device string) bool {
+	return a.tunnels.Ready(device) || a.broker.HasAgent(device)
+}
+
+func (a localAgents) Remembers(device string) bool { return a.broker.Remembers(device) }
+
+// nodeStatus says whether the node leaves the fleet.
+type nodeStatus struct{ n *Node }
+
+func (s nodeStatus) Draining() bool { return s.n.member.ShouldDrain() }
+func (s nodeStatus) Stopping() bool { return s.n.stopping.Load() }
+
+// codeSpender enforces the single use of access codes (spendCode).
+type codeSpender struct{ n *Node }
+
+func (c codeSpender) Spend(t access.Ticket) error { return c.n.spendCode(t) }
+
+// forwardCounter counts forwards by outcome.
+type forwardCounter struct{ forwards *prometheus.CounterVec }
+
+func (c forwardCounter) Forwarded(_ string, err error) {
+	if err != nil {
+		c.forwards.WithLabelValues(forwardOutcomeErr).Inc()
+		return
+	}
+	c.forwards.WithLabelValues(forwardOutcomeOK).Inc()
 }
 
 // probeTransport carries the watchdog's probes over one HTTP/2 connection
@@ -393,8 +449,8 @@ func (h *changeHub) signal() {
 	h.mu.Unlock()
 }
 
-// next returns a channel closed at the next signal.
-func (h *changeHub) next() <-chan struct{} {
+// Changed returns a channel closed at the next signal.
+func (h *changeHub) Changed() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.ch

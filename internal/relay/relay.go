@@ -152,7 +152,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del(access.TicketHeader)
 	if from != "" {
 		hops, _ := strconv.Atoi(r.Header.Get(peer.HopsHeader))
-		ctx := context.WithValue(r.Context(), forwardedKey{}, forwarded{from: from, hops: max(hops, 1)})
+		ctx := peer.WithForwarded(r.Context(), from, max(hops, 1))
 		if hasTicket {
 			ctx = access.WithTicket(ctx, ticket)
 		}
@@ -172,26 +172,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.proxy.ServeHTTP(w, r)
 }
 
-type forwardedKey struct{}
-
-type forwarded struct {
-	from string
-	hops int
-}
-
 // ForwardedFrom returns the id of the relay that forwarded the request of
 // ctx, or "" when a user sent it here directly.
 func ForwardedFrom(ctx context.Context) string {
-	f, _ := ctx.Value(forwardedKey{}).(forwarded)
-	return f.from
+	_, from := peer.Forwarded(ctx)
+	return from
 }
 
 // Hops returns how often the request of ctx was forwarded between relays
 // to get here, and by which relay last; 0 and "" when a user sent it here.
-func Hops(ctx context.Context) (int, string) {
-	f, _ := ctx.Value(forwardedKey{}).(forwarded)
-	return f.hops, f.from
-}
+func Hops(ctx context.Context) (int, string) { return peer.Forwarded(ctx) }
 
 // verifyPeer checks a forwarded request's signature and removes it, so
 // that it never reaches the device. It returns "" for a request that is

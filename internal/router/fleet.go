@@ -24,9 +24,6 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
-// Holders finds the relay that should serve a device, leaving out exclude.
-type Holders func(device, exclude string) (fleet.Target, bool)
-
 // Fleet routes a user request to its device wherever in the fleet the
 // device is held: through this relay's own agents when it has them (or is
 // the holder and waits for one), else one hop to the holder, signed with the
@@ -34,23 +31,26 @@ type Holders func(device, exclude string) (fleet.Target, bool)
 // A forward that cannot reach the holder, or loses its connection to it,
 // vetoes it at once and goes to the next relay in the ranking; a request
 // lost on the way (see decide) goes there only when it may be repeated.
+//
+// The fields are what it reads and tells; all but Spend and Observer are
+// required.
 type Fleet struct {
-	Local   *Local
-	Holders Holders
-	// HasAgent reports whether this relay has an agent for the device now.
-	HasAgent func(device string) bool
-	// Hops reports how often the request was forwarded to get here (0 when
-	// a user sent it here) and by which relay.
-	Hops   func(ctx context.Context) (hops int, from string)
+	Local *Local
+	// Directory says where a request goes, leaving out the relays this
+	// relay must not forward to.
+	Directory Directory
+	// Registry says whether the fleet has seen the device: a request for a
+	// device never seen answers 503 at once instead of waiting Grace.
+	Registry Registry
+	// Agents says whether this relay has an agent for the device now.
+	Agents Agents
+	// Status says whether this relay drains or stops (see next).
+	Status Status
 	Signer *peer.Signer
-	// Veto takes a relay out of routing after a connection to it failed.
-	Veto func(relayID string, err error)
-	// Known reports whether the device had an agent in the fleet: a request
-	// for a device never seen answers 503 at once instead of waiting Grace.
-	Known func(device string) bool
-	// Changes returns a channel closed at the next change of this relay's
-	// agents or of the fleet state, to wait on. Required.
-	Changes func() <-chan struct{}
+	// Vetoer takes a relay out of routing after a connection to it failed.
+	Vetoer Vetoer
+	// Changes wakes a request waiting for its device's agent.
+	Changes Changes
 	// Grace is how long a request for a device with no agent anywhere
 	// waits for one to connect, here or at another relay.
 	Grace time.Duration
@@ -58,14 +58,15 @@ type Fleet struct {
 	// request carries, just before the request is handed to the device's
 	// agent here, and refuses a code used before: the relay holding a
 	// device enforces the single use of codes. Forwards carry the ticket on.
-	Spend func(access.Ticket) error
-	// OnForward, if set, is told of each forward's outcome (for metrics).
-	OnForward func(relayID string, err error)
-	Logger    *slog.Logger
+	Spend Spender
+	// Observer, if set, is told of each forward's outcome.
+	Observer ForwardObserver
+	Logger   *slog.Logger
 
-	h2    *http.Transport // http:// peers, HTTP/2 with prior knowledge: streams, trailers
-	h2tls *http.Transport // https:// peers, HTTP/2 by ALPN (HTTP/1.1 if that is all a peer offers)
-	h1    *http.Transport // peers, HTTP/1.1: upgrades
+	peers http.RoundTripper // in tests, instead of the three below
+	h2    *http.Transport   // http:// peers, HTTP/2 with prior knowledge: streams, trailers
+	h2tls *http.Transport   // https:// peers, HTTP/2 by ALPN (HTTP/1.1 if that is all a peer offers)
+	h1    *http.Transport   // peers, HTTP/1.1: upgrades
 }
 
 // NewFleet returns a Fleet router with pooled peer connections; fill in its
@@ -105,8 +106,10 @@ func (f *Fleet) Close() {
 
 // transport returns the peer transport for a request to a relay at a URL
 // of scheme: HTTP/1.1 for upgrades (websockets, SPDY), else HTTP/2.
-func (f *Fleet) transport(scheme string, upgrade bool) *http.Transport {
+func (f *Fleet) transport(scheme string, upgrade bool) http.RoundTripper {
 	switch {
+	case f.peers != nil:
+		return f.peers
 	case upgrade:
 		return f.h1
 	case scheme == "https":
@@ -128,16 +131,16 @@ const MaxHops = 2
 // more to wherever the device is now when it may be repeated.
 func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	device := req.URL.Host
-	hops, _ := f.Hops(req.Context())
+	hops, _ := peer.Forwarded(req.Context())
 	exclude := ""
 	ticket, carry := access.TicketFrom(req.Context())
 	spend := carry && f.Spend != nil
 	var st attempts
 	req = noteInformed(req, &st.informed)
 	for range 4 {
-		if f.HasAgent(device) {
+		if f.Agents.HasAgent(device) {
 			if spend {
-				if err := f.Spend(ticket); err != nil {
+				if err := f.Spend.Spend(ticket); err != nil {
 					return nil, err
 				}
 				spend, carry = false, false // spent here: no other relay spends it again
@@ -154,9 +157,9 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 				return resp, err
 			}
 		}
-		t, ok := f.Holders(device, exclude)
+		t, ok := f.next(device, exclude)
 		if !ok || t.Self || t.Address == "" || hops >= MaxHops {
-			if !f.Known(device) {
+			if !f.known(device) {
 				return nil, broker.NoAgentError(device)
 			}
 			if t, ok = f.await(req.Context(), device, exclude, hops); !ok {
@@ -175,8 +178,8 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 			tk = &ticket
 		}
 		resp, err := f.forward(req, device, t, next, tk)
-		if f.OnForward != nil {
-			f.OnForward(t.ID, err)
+		if f.Observer != nil {
+			f.Observer.Forwarded(t.ID, err)
 		}
 		if err == nil {
 			return resp, nil
@@ -185,7 +188,7 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 		if fail == replay.Refused || fail == replay.Lost {
 			// The holder refused the connection or dropped it: take it out
 			// of routing now rather than after the watchdog's probes.
-			f.Veto(t.ID, err)
+			f.Vetoer.Veto(t.ID, err)
 		}
 		switch decide(fail, req, &st, false) {
 		case again:
@@ -204,6 +207,33 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return nil, broker.NoAgentError(device)
 }
+
+// next returns the relay a request for device goes to, leaving out
+// exclude: the directory's route, except on a relay that leaves the fleet
+// (it drains or stops) for a device whose agent has gone from here while
+// the directory still names this relay: the request then goes to where the
+// agent is being placed, before the directory says so, and is marked Final
+// to wait there for the agent rather than go on.
+func (f *Fleet) next(device, exclude string) (fleet.Target, bool) {
+	t, ok := f.Directory.Route(device, exclude)
+	if ok && t.Self && leaving(f.Status) && !f.Agents.HasAgent(device) && !f.Agents.Remembers(device) {
+		if h, hok := f.Directory.Holder(device, exclude); hok && !h.Self {
+			h.Final = true
+			return h, true
+		}
+	}
+	return t, ok
+}
+
+// known reports whether device had an agent in the fleet, or a long-poll
+// agent here that is between polls.
+func (f *Fleet) known(device string) bool {
+	return f.Registry.Known(device) || f.Agents.Remembers(device)
+}
+
+// HasAgent reports whether this relay has an agent of device that takes
+// requests now.
+func (f *Fleet) HasAgent(device string) bool { return f.Agents.HasAgent(device) }
 
 // action is what RoundTrip does after an attempt failed.
 type action uint8
@@ -271,11 +301,11 @@ func (f *Fleet) await(ctx context.Context, device, exclude string, hops int) (fl
 	timer := time.NewTimer(f.Grace)
 	defer timer.Stop()
 	for {
-		changed := f.Changes()
-		if f.HasAgent(device) {
+		changed := f.Changes.Changed()
+		if f.Agents.HasAgent(device) {
 			return fleet.Target{Self: true}, true
 		}
-		if t, ok := f.Holders(device, exclude); ok && !t.Self && t.Address != "" && hops < MaxHops {
+		if t, ok := f.next(device, exclude); ok && !t.Self && t.Address != "" && hops < MaxHops {
 			return t, true
 		}
 		select {
@@ -359,7 +389,7 @@ func (f *Fleet) ProxyTo(t fleet.Target, device string) http.Handler {
 				return
 			}
 			if replay.Classify(err) == replay.Refused {
-				f.Veto(t.ID, err)
+				f.Vetoer.Veto(t.ID, err)
 			}
 			http.Error(w, fmt.Sprintf("relay %s, which holds the device, did not answer: %v", t.ID, err), http.StatusBadGateway)
 		},

@@ -159,25 +159,26 @@ func testFleet(t *testing.T, holders map[string]fleet.Target, local http.RoundTr
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu     sync.Mutex
-		vetoed []string
-	)
+	fs := &fakeState{known: true, hasAgent: local != nil}
 	f := NewFleet(nil)
 	t.Cleanup(f.Close)
 	f.Local = &Local{Native: tunnel.NewPool(tunnel.Liveness{}, nil), LongPoll: local}
-	f.Holders = func(_, exclude string) (fleet.Target, bool) {
-		h, ok := holders[exclude]
-		return h, ok
-	}
-	f.HasAgent = func(string) bool { return local != nil }
-	f.Hops = func(context.Context) (int, string) { return 0, "" }
+	f.Directory = holderMap(holders)
+	f.Registry, f.Agents, f.Status, f.Vetoer, f.Changes = fs, fs, fs, fs, fs
 	f.Signer = signer
-	f.Veto = func(id string, _ error) { mu.Lock(); vetoed = append(vetoed, id); mu.Unlock() }
-	f.Known = func(string) bool { return true }
-	f.Changes = func() <-chan struct{} { return make(chan struct{}) }
-	return f, &vetoed
+	return f, &fs.vetoed
 }
+
+// holderMap is a Directory whose answers, the same for Route and Holder,
+// are by the relay left out.
+type holderMap map[string]fleet.Target
+
+func (m holderMap) Route(_, exclude string) (fleet.Target, bool) {
+	h, ok := m[exclude]
+	return h, ok
+}
+
+func (m holderMap) Holder(device, exclude string) (fleet.Target, bool) { return m.Route(device, exclude) }
 
 // TestLostForwardGoesOnceToTheNewHolder forwards to a holder that dies
 // with the request in flight: a GET goes on to the device's next holder,
