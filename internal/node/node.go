@@ -58,7 +58,9 @@ type Node struct {
 	adminFails    *limit.Limiter // the same on the admin listener: the operator's budget is apart
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
-	backs         sendBacks // KeepArrivingAgents: when each device's agents were last asked back
+	placer        *router.Placer // native agents
+	calls         *router.Calls  // long-poll agents' calls
+	backs         sendBacks      // KeepArrivingAgents: when each device's agents were last asked back
 	probeClient   *http.Client
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub

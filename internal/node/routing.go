@@ -114,6 +114,20 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr.Observer = forwardCounter{forwards}
 	fr.Logger = n.log
 	n.router = fr
+	n.placer = &router.Placer{
+		Self:               n.member.ID(),
+		Directory:          n.view(n.placeVetoed),
+		Ranker:             n.view(n.placeVetoed),
+		Status:             nodeStatus{n},
+		KeepArrivingAgents: n.cfg.KeepArrivingAgents,
+	}
+	n.calls = &router.Calls{
+		Requests:           fr.Directory,
+		Polls:              n.view(n.pollVetoed),
+		Owners:             n.member,
+		Status:             nodeStatus{n},
+		KeepArrivingAgents: n.cfg.KeepArrivingAgents,
+	}
 	return nil
 }
 
@@ -274,49 +288,23 @@ func (n *Node) pollVetoed(id string) bool {
 	return n.forwardVetoed(id) || n.member.SecretOdd(id)
 }
 
-// placeAgent decides where a native agent of device belongs: here when this
-// relay holds the device, or should take it, else the holder, to which the
-// agent is redirected. An agent that follows a redirect is taken wherever
-// it lands; one that names the relay it lost as unreachable has that relay
-// left out for its device alone (the relay is not vetoed for anyone else).
-//
-// With KeepArrivingAgents the relay takes every agent while it does not
-// drain or stop, and lists no relays: the front door chose this relay for
-// the device, and the agent comes back through the front door.
+// placeAgent places an arriving native agent of device as the placer
+// decides (router.Placer.Place), noting how long ago an agent taken here
+// lost its previous relay.
 func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
-	p := tunnel.Placement{RelayID: n.member.ID()}
-	draining := n.member.ShouldDrain() || n.stopping.Load()
-	if n.cfg.KeepArrivingAgents {
-		if draining {
-			// The front door follows /readyz, which is false by now: the
-			// agent's next try through it reaches another relay.
-			p.Refuse = "this relay is draining; connect again through the front door"
-			return p
-		}
+	p := n.placer.Place(device, router.Arrival{
+		Redirected:  r.Header.Get(tunnel.RedirectedHeader) != "",
+		Unreachable: r.Header.Get(tunnel.UnreachableHeader),
+	})
+	if router.Here(p) {
 		n.noteLost(r, device)
-		return p
 	}
-	for _, t := range n.member.Ranked(device, n.cfg.Region, n.placeVetoed) {
-		p.Relays = append(p.Relays, tunnel.RelayAddr{ID: t.ID, URL: t.Address})
-	}
-	if r.Header.Get(tunnel.RedirectedHeader) != "" && !draining {
-		n.noteLost(r, device)
-		return p
-	}
-	t, ok := n.member.Holder(device, n.cfg.Region, n.placeVetoed, r.Header.Get(tunnel.UnreachableHeader))
-	if ok && !t.Self && t.Address != "" {
-		p.Redirect, p.Holder = t.Address, t.ID
-		return p
-	}
-	n.noteLost(r, device)
 	return p
 }
 
 // routeAgent says where a long-poll agent's call for device belongs: here
-// when another relay forwarded it, else where the device is placed: a poll
-// goes to the relay that should hold the device (so that a drain moves
-// long-poll agents too), an answer to where the device is now (requests in
-// flight here are answered here before this is asked).
+// when another relay forwarded it (and signed it), else where the calls
+// router says (router.Calls.Route).
 func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handler {
 	if r.Header.Get(peer.Header) == "" {
 		r.Header.Del(wire.PollEndHeader) // honoured on a signed forward only
@@ -330,40 +318,19 @@ func (n *Node) routeAgent(r *http.Request, device, requestID string) http.Handle
 		}
 		return nil
 	}
-	if requestID != "" {
-		// An answer goes to the relay whose broker made the request id.
-		if owner, ok := n.member.RelayByIDHex(requestOwner(device, requestID)); ok && !owner.Self && owner.Address != "" {
-			return n.router.ProxyTo(owner, device)
-		}
-	}
-	poll := requestID == ""
-	if poll && n.stopping.Load() {
-		if t, ok := n.member.Holder(device, n.cfg.Region, n.pollVetoed, ""); !ok || t.Self {
-			return nil // no other relay: the broker holds the poll, then answers 408
-		}
-		// Not held here, not forwarded from here: a stopping relay must
-		// become idle. The agent polls again, through another relay.
+	c := n.calls.Route(device, requestID)
+	switch c.Action {
+	case router.Forward:
+		return n.router.ProxyTo(c.To, device)
+	case router.ForwardPoll:
+		return n.forwardPoll(n.router.ProxyTo(c.To, device))
+	case router.TurnAway:
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "this relay is shutting down; poll another", http.StatusServiceUnavailable)
 		})
 	}
-	if poll && n.cfg.KeepArrivingAgents && !n.member.ShouldDrain() {
-		return nil // the front door chose this relay for the device: hold the poll here
-	}
-	where, vetoed := n.member.Route, n.forwardVetoed
-	if poll {
-		where, vetoed = n.member.Holder, n.pollVetoed
-	}
-	t, ok := where(device, n.cfg.Region, vetoed, "")
-	if !ok || t.Self || t.Address == "" {
-		return nil
-	}
-	h := n.router.ProxyTo(t, device)
-	if !poll {
-		return h
-	}
-	return n.forwardPoll(h)
+	return nil
 }
 
 // pollEndGrace is how long a stopping relay waits for the holder to end a
@@ -462,14 +429,4 @@ func (n *Node) noteLost(r *http.Request, device string) {
 	if ms, err := strconv.ParseInt(r.Header.Get(tunnel.LostHeader), 10, 64); err == nil {
 		n.member.NoteLost(device, time.Duration(ms)*time.Millisecond)
 	}
-}
-
-// requestOwner returns the first 8 hex digits of a request id's hex part:
-// the id of the relay that made it, without its "rl-".
-func requestOwner(device, requestID string) string {
-	rest := strings.TrimPrefix(requestID, device+":")
-	if len(rest) < 8 || len(rest) == len(requestID) {
-		return ""
-	}
-	return rest[:8]
 }

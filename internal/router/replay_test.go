@@ -178,7 +178,9 @@ func (m holderMap) Route(_, exclude string) (fleet.Target, bool) {
 	return h, ok
 }
 
-func (m holderMap) Holder(device, exclude string) (fleet.Target, bool) { return m.Route(device, exclude) }
+func (m holderMap) Holder(device, exclude string) (fleet.Target, bool) {
+	return m.Route(device, exclude)
+}
 
 // TestLostForwardGoesOnceToTheNewHolder forwards to a holder that dies
 // with the request in flight: a GET goes on to the device's next holder,
