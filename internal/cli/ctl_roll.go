@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/ranking"
 )
 
 // rollOptions are the flags of 'ctl roll'.
@@ -363,7 +364,8 @@ func (r *roller) waitBack(ctx context.Context, id string, prev time.Time) error 
 		if err != nil {
 			return r.g.explain(err)
 		}
-		if rs := findRelay(relays, id); rs != nil && rs.Fresh && rs.Healthy && !rs.Stopping && !rs.StartedAt.Equal(prev) &&
+		// Up, not available: the roll still holds it.
+		if rs := findRelay(relays, id); rs != nil && (ranking.State{Fresh: rs.Fresh, Healthy: rs.Healthy, Stopping: rs.Stopping}).Up() && !rs.StartedAt.Equal(prev) &&
 			(r.o.expectVersion == "" || rs.Version == r.o.expectVersion) {
 			r.out.say(id, "back", fmt.Sprintf("running version %s, fresh and healthy", rs.Version))
 			return nil

@@ -10,6 +10,7 @@ import (
 	"net/http"
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/ranking"
 )
 
 // DrainRequest is the optional body of POST /api/v1/relays/{id}/drain; an
@@ -96,9 +97,9 @@ func DrainGuard(relays []fleet.RelayStatus, id string) (refusal, consequence str
 	return refusal, consequence, nil
 }
 
-// serving reports whether rs takes devices now.
+// serving reports whether rs takes devices now (ranking.State.Available).
 func serving(rs *fleet.RelayStatus) bool {
-	return rs.Fresh && rs.Healthy && !rs.Draining && !rs.Stopping
+	return ranking.State{Fresh: rs.Fresh, Healthy: rs.Healthy, Draining: rs.Draining, Stopping: rs.Stopping}.Available()
 }
 
 func devices(n int) string {

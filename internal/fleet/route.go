@@ -46,16 +46,26 @@ func (m *Member) Known(device string) bool {
 
 // Route returns the relay a user's request for device should go to: the
 // relay recorded in the directory while its agents are there and it
-// answers (fresh, healthy, not vetoed, not excluded), even when it drains —
+// answers (ranking.State.Answers: fresh, healthy, not vetoed, not
+// excluded), even when it drains —
 // a drain moves nothing mid-flight, and users follow the agents as they
 // move — else Holder's choice.
 func (m *Member) Route(device, region string, vetoed func(id string) bool, exclude string) (Target, bool) {
-	if d, found := m.devices.Get(deviceKey(device)); found && d.Agents > 0 && d.RelayID != exclude {
-		if r, ok := m.relays.Get(d.RelayID); ok && m.view(time.Now()).fresh(r.LastSeenAt) && r.Healthy && (vetoed == nil || !vetoed(r.ID)) {
+	if d, found := m.devices.Get(deviceKey(device)); found && d.Agents > 0 {
+		if r, ok := m.relays.Get(d.RelayID); ok && m.view(time.Now()).state(r, vetoed, exclude).Answers() {
 			return m.target(r), true
 		}
 	}
 	return m.Holder(device, region, vetoed, exclude)
+}
+
+// state is what decides whether relay r is available in view v (see
+// ranking.State): vetoed, when set, and exclude leave relays out.
+func (v view) state(r Relay, vetoed func(id string) bool, exclude string) ranking.State {
+	return ranking.State{
+		Fresh: v.fresh(r.LastSeenAt), Healthy: r.Healthy, Draining: r.Draining, Stopping: r.Stopping,
+		Vetoed: r.ID == exclude && exclude != "" || vetoed != nil && vetoed(r.ID),
+	}
 }
 
 func (m *Member) target(r Relay) Target {
@@ -68,9 +78,10 @@ func (m *Member) target(r Relay) Target {
 
 // Holder returns the relay that should serve device now: the relay recorded
 // in the directory while it is available (sticky), else the best available
-// relay by the ranking. A relay is available when it is fresh, healthy, not
-// draining or stopping, not vetoed, and not excluded (an agent reported it
-// unreachable). ok is false when no relay is available.
+// relay by the ranking. A relay is available as ranking.State.Available
+// says: fresh, healthy, not draining or stopping, not vetoed, and not
+// excluded (an agent reported it unreachable). ok is false when no relay is
+// available.
 func (m *Member) Holder(device, region string, vetoed func(id string) bool, exclude string) (t Target, ok bool) {
 	v := m.view(time.Now())
 	current := ""
@@ -83,12 +94,9 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 	// This relay knows its own drain or shutdown before its mirror does.
 	selfOut := m.shouldDrain.Load() || m.cfg.Local.Stopping()
 	m.relays.Range(func(r Relay) bool {
-		avail := v.fresh(r.LastSeenAt) && r.Healthy && !r.Draining && !r.Stopping && r.ID != exclude &&
-			!(selfOut && r.ID == m.cfg.RelayID)
-		if avail && vetoed != nil && vetoed(r.ID) {
-			avail = false
-		}
-		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: m.loads.of(r.ID), Capacity: r.MaxForward})
+		st := v.state(r, vetoed, exclude)
+		st.Draining = st.Draining || selfOut && r.ID == m.cfg.RelayID
+		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: st.Available(), Load: m.loads.of(r.ID), Capacity: r.MaxForward})
 		return true
 	})
 	*sp = cands
@@ -107,8 +115,7 @@ func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []Ta
 	var cands []ranking.Relay
 	addrs := map[string]string{}
 	for _, r := range m.relays.All() {
-		avail := v.fresh(r.LastSeenAt) && r.Healthy && !r.Draining && !r.Stopping && (vetoed == nil || !vetoed(r.ID))
-		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: avail, Load: m.loads.of(r.ID), Capacity: r.MaxForward})
+		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: v.state(r, vetoed, "").Available(), Load: m.loads.of(r.ID), Capacity: r.MaxForward})
 		if len(r.Addresses) > 0 {
 			addrs[r.ID] = r.Addresses[0]
 		}

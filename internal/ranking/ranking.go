@@ -14,7 +14,8 @@ package ranking
 type Relay struct {
 	ID     string
 	Region string
-	// Available: fresh, healthy, not draining or stopping, not vetoed.
+	// Available is State.Available: fresh, healthy, not draining or
+	// stopping, not vetoed.
 	Available bool
 	// Load counts the devices assigned to the relay; Capacity is its
 	// ceiling. A relay at capacity takes no new device but keeps those it
