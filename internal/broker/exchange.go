@@ -3,8 +3,6 @@ package broker
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -497,16 +495,10 @@ func (ub *upgradedBody) CloseWrite() error {
 	return nil
 }
 
-// newID returns a fresh request id for device.
-// newID returns "<device>:<32 hex>". The hex starts with the broker's
-// IDPrefix, when set, so that any relay can tell which relay a request id
-// belongs to; the rest is random.
-func (b *Broker) newID(device string) string {
-	var r [16]byte
-	rand.Read(r[:])
-	h := hex.EncodeToString(r[:])
-	return device + ":" + b.cfg.IDPrefix + h[len(b.cfg.IDPrefix):]
-}
+// newID returns a fresh request id for device (wire.NewRequestID), its
+// hex starting with the broker's IDPrefix, when set, so that any relay can
+// tell which relay a request id belongs to.
+func (b *Broker) newID(device string) string { return wire.NewRequestID(device, b.cfg.IDPrefix) }
 
 // wireURL renders req's target as the protocol wants it: http://invalid<path>?<query>#<fragment>.
 func wireURL(req *http.Request) string {

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/wire"
@@ -149,7 +148,7 @@ func (h *Handler) response(w http.ResponseWriter, r *http.Request) {
 		textError(w, http.StatusBadRequest, "cannot decode the HttpResponse: "+err.Error())
 		return
 	}
-	device, ok := deviceOfID(msg.ID)
+	device, ok := wire.RequestDevice(msg.ID)
 	if !ok {
 		textError(w, http.StatusBadRequest, "the HttpResponse has no valid id (want <device>:<hex>)")
 		return
@@ -179,7 +178,7 @@ func (h *Handler) requestStream(w http.ResponseWriter, r *http.Request) {
 		textError(w, http.StatusBadRequest, "missing the id query parameter: /server/requeststream?id=<request id>")
 		return
 	}
-	device, ok := deviceOfID(id)
+	device, ok := wire.RequestDevice(id)
 	if !ok {
 		textError(w, http.StatusBadRequest, "malformed request id (want <device>:<hex>)")
 		return
@@ -213,15 +212,6 @@ func (h *Handler) routed(w http.ResponseWriter, r *http.Request, device, request
 	}
 	next.ServeHTTP(w, r)
 	return true
-}
-
-// deviceOfID returns the device part of a request id "<device>:<hex>".
-func deviceOfID(id string) (string, bool) {
-	i := strings.LastIndexByte(id, ':')
-	if i <= 0 || i == len(id)-1 {
-		return "", false
-	}
-	return id[:i], true
 }
 
 // writeAgentError maps broker errors to the protocol's statuses; unknown

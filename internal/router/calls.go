@@ -1,9 +1,8 @@
 package router
 
 import (
-	"strings"
-
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
 // Calls routes the calls of long-poll agents that reach this relay from
@@ -49,7 +48,7 @@ type Call struct {
 // empty, else the answer (or the request stream) of that request.
 func (c *Calls) Route(device, requestID string) Call {
 	if requestID != "" {
-		if owner, ok := c.Owners.RelayByIDHex(requestOwner(device, requestID)); ok && !owner.Self && owner.Address != "" {
+		if owner, ok := c.Owners.RelayByIDHex(wire.RequestOwner(requestID)); ok && !owner.Self && owner.Address != "" {
 			return Call{Action: Forward, To: owner}
 		}
 		if t, ok := c.Requests.Route(device, ""); ok && !t.Self && t.Address != "" {
@@ -72,14 +71,4 @@ func (c *Calls) Route(device, requestID string) Call {
 		return Call{Action: ForwardPoll, To: t}
 	}
 	return Call{Action: Serve}
-}
-
-// requestOwner returns the first 8 hex digits of a request id's hex part:
-// the id of the relay that made it, without its "rl-".
-func requestOwner(device, requestID string) string {
-	rest := strings.TrimPrefix(requestID, device+":")
-	if len(rest) < 8 || len(rest) == len(requestID) {
-		return ""
-	}
-	return rest[:8]
 }
