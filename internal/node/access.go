@@ -50,11 +50,12 @@ func (n *Node) IssueCode(p auth.Principal, device, scope string, ttl time.Durati
 	return access.Encode(n.secrets.SigningKey(secret.PurposeCode), access.CodePrefix, g), g.Expires, nil
 }
 
-// authorizeCode checks an access code for a request to device. The code
+// authorizeCode checks an access code for a request to t. The code
 // is checked offline against the fleet secret; its single use is enforced
 // where the request meets its device (spendCode). A code used for an
 // ordinary request opens a session for the page's other requests.
-func (n *Node) authorizeCode(r *http.Request, device, code string) (*http.Request, error) {
+func (n *Node) authorizeCode(r *http.Request, t relay.Target, code string) (*http.Request, error) {
+	device := t.Device
 	ip, err := n.backoff(r)
 	if err != nil {
 		return nil, err
@@ -65,7 +66,7 @@ func (n *Node) authorizeCode(r *http.Request, device, code string) (*http.Reques
 	if err != nil {
 		return nil, &authError{http.StatusUnauthorized, "the access code is not valid (" + reason(err) + "); ask for a new one"}
 	}
-	if !g.Allows(device, devicePath(r, device)) {
+	if !g.Allows(device, t.Path) {
 		return nil, &authError{http.StatusForbidden, fmt.Sprintf("this access code opens device %q under %q only", g.Device, g.Scope)}
 	}
 	p, ok := n.tokens.Principal(g.TokenID)
@@ -77,7 +78,7 @@ func (n *Node) authorizeCode(r *http.Request, device, code string) (*http.Reques
 	}
 	n.sessions.Bind(r.Context(), g.TokenID)
 	ctx := access.WithTicket(r.Context(), access.Ticket{Nonce: g.Nonce, Expires: g.Expires})
-	if r.Header.Get("Upgrade") == "" && pathMode(r, device) {
+	if r.Header.Get("Upgrade") == "" && t.ByPath {
 		secure := isSecure(r)
 		ctx = relay.WithResponseHook(ctx, func(resp *http.Response) {
 			if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
@@ -109,13 +110,14 @@ func (n *Node) sessionCookie(g access.Grant, secure bool) *http.Cookie {
 // may use a session only from a page of the same origin: a cookie alone
 // would let any site the user visits open one (cross-site websocket
 // hijacking).
-func (n *Node) authorizeSession(r *http.Request, device string, values []string) (*http.Request, error) {
+func (n *Node) authorizeSession(r *http.Request, t relay.Target, values []string) (*http.Request, error) {
+	device := t.Device
 	ip, err := n.backoff(r)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
-	path := devicePath(r, device)
+	path := t.Path
 	refused := errors.New("no session cookie for this path")
 	for _, v := range values {
 		g, err := access.Decode(n.secrets.VerifyKeys(secret.PurposeCode), access.SessionPrefix, v, now)
@@ -180,24 +182,6 @@ func (n *Node) subscribeSpentCodes() error {
 // reason is err's message without the package's common prefix.
 func reason(err error) string {
 	return strings.TrimPrefix(err.Error(), access.ErrInvalid.Error()+": ")
-}
-
-// pathMode reports whether r names device by path (/client/<device>/…),
-// as browsers do, rather than by header.
-func pathMode(r *http.Request, device string) bool {
-	p := r.URL.Path
-	return p == "/client/"+device || strings.HasPrefix(p, "/client/"+device+"/")
-}
-
-// devicePath is the path of r under its device.
-func devicePath(r *http.Request, device string) string {
-	if !pathMode(r, device) {
-		return r.URL.Path
-	}
-	if rest := strings.TrimPrefix(r.URL.Path, "/client/"+device); rest != "" {
-		return rest
-	}
-	return "/"
 }
 
 // isSecure reports whether the user reached the relay over TLS (directly

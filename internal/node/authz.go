@@ -52,12 +52,14 @@ func (n *Node) authorizeAgent(r *http.Request, device string) (string, error) {
 	return p.TokenID, nil
 }
 
-// authorizeUser checks a user's credential against device. The relay
+// authorizeUser checks a user's credential against the device of t, the
+// request's parsed address. The relay
 // removes every credential from the request before it leaves (see
 // relay.StripCredentials), whichever was used. The credential is an
 // access code in the query, a user (or admin) token in a header, or the
 // session cookie a code opened, in that order.
-func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, error) {
+func (n *Node) authorizeUser(r *http.Request, t relay.Target) (*http.Request, error) {
+	device := t.Device
 	if code, rest := access.TakeCode(r.URL.RawQuery); code != "" {
 		r.URL.RawQuery = rest
 		r.URL.ForceQuery = false
@@ -67,12 +69,12 @@ func (n *Node) authorizeUser(r *http.Request, device string) (*http.Request, err
 			}
 			r.RequestURI = path
 		}
-		return n.authorizeCode(r, device, code)
+		return n.authorizeCode(r, t, code)
 	}
 	token := relay.UserToken(r.Header) // relay.StripCredentials takes it off
 	sessions := access.TakeSession(r.Header)
 	if token == "" && len(sessions) > 0 && !n.cfg.AllowAnonymousUsers {
-		return n.authorizeSession(r, device, sessions)
+		return n.authorizeSession(r, t, sessions)
 	}
 	if token == "" {
 		if n.cfg.AllowAnonymousUsers {

@@ -11,11 +11,16 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/auth"
 )
 
-// Target is where a user request goes: a device and the path on it.
+// Target is where a user request goes: a device and the path on it. It is
+// parsed once, by ParseTarget, and handed on (to the user's authorizer,
+// to the proxy's rewrite) rather than read again from the request.
 type Target struct {
 	Device  string
 	Path    string // the decoded path on the device, starting with "/"
 	RawPath string // the path's original encoding when it differs from Path's default encoding
+	// ByPath: the request named the device by path (/client/<device>/…),
+	// as browsers do, rather than by the X-Server-Name header.
+	ByPath bool
 }
 
 // AddressError explains why a request names no usable device.
@@ -74,7 +79,7 @@ func parseClientPath(rest string) (Target, error) {
 	if err := checkPath(path); err != nil {
 		return Target{}, err
 	}
-	t := Target{Device: device, Path: path}
+	t := Target{Device: device, Path: path, ByPath: true}
 	if (&url.URL{Path: path}).EscapedPath() != rawPath {
 		t.RawPath = rawPath
 	}

@@ -22,14 +22,15 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/peer"
 )
 
-// UserAuthorizer decides whether the user making r may use device. It returns
+// UserAuthorizer decides whether the user making r may use the device of
+// t, the parsed address of r (ParseTarget). It returns
 // an error carrying an HTTP status (401 or 403) via an HTTPStatus() int
 // method when not. It need not remove the credential it read: every
 // credential the relay understands is taken off the request before it
 // leaves (StripCredentials), whichever one was used. It returns the
 // request to go on with: r, or r with a context carrying what the
 // credential implies (an access code's ticket, a response hook).
-type UserAuthorizer func(r *http.Request, device string) (*http.Request, error)
+type UserAuthorizer func(r *http.Request, t Target) (*http.Request, error)
 
 // Config configures the public handler.
 type Config struct {
@@ -158,7 +159,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r = r.WithContext(ctx)
 	} else if h.cfg.AuthorizeUser != nil {
-		if r, err = h.cfg.AuthorizeUser(r, t.Device); err != nil {
+		if r, err = h.cfg.AuthorizeUser(r, t); err != nil {
 			writeError(w, err)
 			return
 		}
