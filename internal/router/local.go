@@ -1,6 +1,15 @@
-// Package router decides how a user request reaches its device. On one relay
-// that is the device's native tunnel when it has one, else its long-poll
-// agents.
+// Package router makes a relay's routing decisions: where a user request
+// goes (Fleet: this relay's agents, else one hop to the device's holder),
+// where an arriving native agent belongs (Placer), and where a long-poll
+// agent's poll or answer goes (Calls). On one relay a request reaches its
+// device through the native tunnel when it has one, else its long-poll
+// agents (Local).
+//
+// The router reads the fleet and this relay through small interfaces
+// (Directory, Agents, Status, ...; see state.go), which package node fills
+// with the fleet member, the tunnel pool, the broker and the watchdog. The
+// decisions are tested as tables against fakes; docs/design/routing.md
+// follows one request, one poll and one placement through the packages.
 package router
 
 import (
