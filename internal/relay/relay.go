@@ -138,7 +138,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !named:
 		h.serveLocal(w, r)
 		return
-	case named && !strings.HasPrefix(r.URL.Path, "/client") && isLocalPath(r.URL.Path):
+	case !t.ByPath && isLocalPath(r.URL.Path):
 		// In header mode the relay's own paths are never forwarded.
 		h.serveLocal(w, r)
 		return

@@ -235,6 +235,10 @@ func TestRoundTripLoop(t *testing.T) {
 					resp.Body.Close()
 					got = string(b)
 				case errors.Is(err, broker.ErrNoAgent):
+					var se interface{ HTTPStatus() int }
+					if !errors.As(err, &se) || se.HTTPStatus() != http.StatusServiceUnavailable {
+						t.Errorf("no agent: %v, want a 503", err)
+					}
 				default:
 					got = "error"
 				}
