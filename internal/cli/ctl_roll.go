@@ -170,28 +170,14 @@ func (r *roller) run(ctx context.Context) error {
 	return nil
 }
 
-// checkGuards asks the relays' drain guards whether relay id may be held
-// out of routing now, without holding it: it may not when it is the last
-// relay serving or when the other relays cannot take its devices. A relay
-// of an earlier version answering has no guards: the same guard is then
-// applied here, to its list of relays.
+// checkGuards asks the drain guards of the relay answering whether relay id
+// may be held out of routing now, without holding it: it may not when it is
+// the last relay serving or when the other relays cannot take its devices.
+// The guards are the server's, the same for every way of draining; the
+// roll has none of its own.
 func (r *roller) checkGuards(ctx context.Context, id string) error {
 	_, err := r.c.CheckDrain(ctx, id)
-	if !errors.Is(err, control.ErrNoDrainGuards) {
-		return r.refused(id, err)
-	}
-	relays, err := r.c.ListRelays(ctx)
-	if err != nil {
-		return r.g.explain(err)
-	}
-	refusal, _, err := control.DrainGuard(relays, id)
-	switch {
-	case err != nil:
-		return fmt.Errorf("%w: relay %s is not in the fleet any more", errRollRefused, id)
-	case refusal != "":
-		return fmt.Errorf("%w: %s", errRollRefused, refusal)
-	}
-	return nil
+	return r.refused(id, err)
 }
 
 // refused marks a drain the guards refused as errRollRefused.

@@ -174,26 +174,19 @@ func (r *rotator) run(ctx context.Context) error {
 
 // refuseRotation refuses, before anything changes, what the relays would
 // refuse: a fleet without a stored secret, relays with file-supplied
-// secrets or of earlier versions.
+// secrets.
 func refuseRotation(st fleet.SecretStatus) error {
 	if st.Record == nil {
 		return fmt.Errorf("%w: no fleet secret is stored: the relays run from --fleet-secret-file; rotate the files instead (see docs/fleet-secret.md)", errRotationRefused)
 	}
-	var files, old []string
+	var files []string
 	for _, rs := range st.Relays {
-		switch {
-		case !rs.Fresh:
-		case rs.SecretSource == fleet.SecretSourceFile:
+		if rs.Fresh && rs.SecretSource == fleet.SecretSourceFile {
 			files = append(files, rs.ID)
-		case rs.SecretFingerprint == "":
-			old = append(old, rs.ID)
 		}
 	}
-	switch {
-	case len(files) > 0:
+	if len(files) > 0 {
 		return fmt.Errorf("%w: relay(s) %s run a fleet secret from --fleet-secret-file, which a rotation cannot change; rotate the file on every relay instead, or restart them without the flag (see docs/fleet-secret.md)", errRotationRefused, strings.Join(files, ", "))
-	case len(old) > 0:
-		return fmt.Errorf("%w: relay(s) %s report no fleet secret: they run an earlier version; update them first ('switchboard ctl roll')", errRotationRefused, strings.Join(old, ", "))
 	}
 	return nil
 }

@@ -33,10 +33,6 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("%d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
 }
 
-// ErrNoDrainGuards is wrapped by CheckDrain's error when the relay
-// answering predates the drain guards, and would drain unguarded.
-var ErrNoDrainGuards = errors.New("the relay answering has no drain guards")
-
 // Client calls the operator API of a relay.
 type Client struct {
 	// BaseURL is the relay's admin listener, e.g. http://127.0.0.1:9090.
@@ -170,15 +166,10 @@ func (c *Client) DrainRelay(ctx context.Context, id string, req DrainRequest) (D
 
 // CheckDrain asks the drain guards whether the relay with the given id
 // would be drained now, changing nothing: nil, or the *APIError 409 a
-// drain would get. A relay of an earlier version, without drain guards,
-// answers 405 (ErrNoDrainGuards).
+// drain would get.
 func (c *Client) CheckDrain(ctx context.Context, id string) (DrainAnswer, error) {
 	var out DrainAnswer
 	err := c.do(ctx, http.MethodGet, PathRelays+"/"+url.PathEscape(id)+"/drain", nil, http.StatusOK, &out)
-	var apiErr *APIError
-	if errors.As(err, &apiErr) && apiErr.Status == http.StatusMethodNotAllowed {
-		return out, fmt.Errorf("%w: %w", ErrNoDrainGuards, err)
-	}
 	return out, err
 }
 

@@ -42,8 +42,7 @@ type SecretParity struct {
 }
 
 // secretParity compares the relays that fresh says are fresh and that
-// report a secret (relays of earlier versions report none and are left
-// out) with the stored record rec (nil when there is none).
+// report a secret with the stored record rec (nil when there is none).
 func secretParity(relays []Relay, fresh func(Relay) bool, rec *SecretRecord) SecretParity {
 	p := SecretParity{Odd: []string{}}
 	counts := map[string]int{}
@@ -108,7 +107,6 @@ func (m *Member) storedSecret() *SecretRecord {
 type secretView struct {
 	odd     map[string]bool // odd by SecretParity
 	refuses map[string]bool // reports that it does not accept this relay's signing secret
-	legacy  map[string]bool // reports no secret: an earlier version
 }
 
 func (m *Member) refreshSecretView() {
@@ -116,15 +114,12 @@ func (m *Member) refreshSecretView() {
 	relays := m.relays.All()
 	p := secretParity(relays, func(r Relay) bool { return fv.fresh(r.LastSeenAt) }, m.storedSecret())
 	ours := m.secrets.Fingerprint()
-	v := &secretView{odd: map[string]bool{}, refuses: map[string]bool{}, legacy: map[string]bool{}}
+	v := &secretView{odd: map[string]bool{}, refuses: map[string]bool{}}
 	for _, id := range p.Odd {
 		v.odd[id] = true
 	}
 	for _, r := range relays {
-		switch {
-		case r.SecretFingerprint == "":
-			v.legacy[r.ID] = true
-		case r.ID != m.cfg.RelayID && !slices.Contains(r.SecretAccepted, ours):
+		if r.SecretFingerprint != "" && r.ID != m.cfg.RelayID && !slices.Contains(r.SecretAccepted, ours) {
 			v.refuses[r.ID] = true
 		}
 	}
@@ -144,13 +139,6 @@ func (m *Member) SecretRefuses(id string) bool {
 func (m *Member) SecretOdd(id string) bool {
 	v := m.secretView.Load()
 	return v != nil && v.odd[id]
-}
-
-// SecretLegacy reports whether relay id reports no fleet secret: it runs an
-// earlier version, which verifies only the v1 peer signature.
-func (m *Member) SecretLegacy(id string) bool {
-	v := m.secretView.Load()
-	return v != nil && v.legacy[id]
 }
 
 // checkSecretParity records, for the lease holder, each change of the set

@@ -156,10 +156,9 @@ func (r *SecretRecord) secretOf(fp string) ([]byte, bool) {
 	return nil, false
 }
 
-// loadSecretRecord reads the fleet secret record, creating it on first use.
-// A fleet that has only the "peer_secret" of earlier versions keeps it: it
-// becomes the record's signing secret. A new fleet also stores its secret
-// as "peer_secret", which is what relays of earlier versions read.
+// loadSecretRecord reads the fleet secret record, creating it with a new
+// random secret on first use; the first relay to create it wins, and every
+// relay reads the same one.
 func loadSecretRecord(ctx context.Context, kv jetstream.KeyValue, by string) (rec SecretRecord, created bool, err error) {
 	for range maxAttempts {
 		e, err := kv.Get(ctx, SecretRecordKey)
@@ -172,14 +171,7 @@ func loadSecretRecord(ctx context.Context, kv jetstream.KeyValue, by string) (re
 		case !errors.Is(err, jetstream.ErrKeyNotFound):
 			return rec, false, fmt.Errorf("reading the fleet secret: %w", err)
 		}
-		legacy, err := legacyPeerSecret(ctx, kv, secret.New)
-		if err != nil {
-			return rec, false, err
-		}
-		rec = newSecretRecord(legacy, by)
-		if err := rec.validate(); err != nil {
-			return rec, false, fmt.Errorf("the fleet's %q: %w", secretKey, err)
-		}
+		rec = newSecretRecord(secret.New(), by)
 		data, err := json.Marshal(rec)
 		if err != nil {
 			return rec, false, err
@@ -261,8 +253,8 @@ type secretState struct {
 }
 
 // openSecret loads the secret this relay starts with: from the file when
-// one is configured, else from the stored record, which it creates (or
-// adopts from "peer_secret") on first use.
+// one is configured, else from the stored record, which it creates on
+// first use.
 func (m *Member) openSecret(ctx context.Context) error {
 	if path := m.cfg.SecretFile; path != "" {
 		keys, sum, err := readSecretFile(path)
@@ -435,9 +427,6 @@ func (m *Member) restoreSecretRecord(ctx context.Context) {
 		return // another relay put it back, or NATS is away: the next look tells
 	}
 	m.sec.restored = true
-	if s, ok := m.sec.applied.secretOf(m.sec.applied.Signing); ok {
-		_, _ = m.fleetKV.Create(octx, secretKey, s)
-	}
 	m.log.Info("the stored fleet secret was gone: stored the one this relay runs again", "fingerprint", m.sec.applied.Signing)
 }
 
@@ -514,33 +503,24 @@ func (m *Member) SecretStatus() SecretStatus {
 }
 
 // rotationGuard refuses a rotation step while a fresh relay cannot follow
-// the stored record: it runs a file-supplied secret, or an earlier version
-// that reports none.
+// the stored record: it runs a file-supplied secret.
 func (m *Member) rotationGuard() ([]Relay, error) {
 	v := m.view(time.Now())
 	var fresh []Relay
-	var files, old []string
+	var files []string
 	for _, r := range m.relays.All() {
 		if !v.fresh(r.LastSeenAt) {
 			continue
 		}
 		fresh = append(fresh, r)
-		switch {
-		case r.SecretSource == SecretSourceFile:
+		if r.SecretSource == SecretSourceFile {
 			files = append(files, r.ID)
-		case r.SecretFingerprint == "":
-			old = append(old, r.ID)
 		}
 	}
 	slices.Sort(files)
-	slices.Sort(old)
-	switch {
-	case len(files) > 0:
+	if len(files) > 0 {
 		return nil, fmt.Errorf("%w: relay(s) %s run a fleet secret from --fleet-secret-file, which a rotation cannot change; rotate the file on every relay instead, or restart them without the flag so that they follow the stored secret (see docs/fleet-secret.md)",
 			ErrRotationRefused, strings.Join(files, ", "))
-	case len(old) > 0:
-		return nil, fmt.Errorf("%w: relay(s) %s report no fleet secret: they run an earlier version, which cannot follow a rotation; update them first",
-			ErrRotationRefused, strings.Join(old, ", "))
 	}
 	return fresh, nil
 }
@@ -605,8 +585,7 @@ func (m *Member) SignWithNewSecret(ctx context.Context, by string) (SecretRecord
 	if err != nil {
 		return SecretRecordInfo{}, err
 	}
-	var signing []byte
-	info, err := m.changeSecretRecord(ctx, by, func(r *SecretRecord) (Event, bool, error) {
+	return m.changeSecretRecord(ctx, by, func(r *SecretRecord) (Event, bool, error) {
 		rot := r.Rotation
 		switch {
 		case rot == nil:
@@ -618,15 +597,8 @@ func (m *Member) SignWithNewSecret(ctx context.Context, by string) (SecretRecord
 			return Event{}, false, fmt.Errorf("%w: relay(s) %s do not accept the new secret %s yet; signing with it now would break their forwards", ErrRotationRefused, strings.Join(late, ", "), rot.To)
 		}
 		rot.Phase, r.Signing = RotationSign, rot.To
-		signing, _ = r.secretOf(rot.To)
 		return Event{Message: fmt.Sprintf("secret rotation: relays now sign with %s and still accept %s", rot.To, rot.From)}, true, nil
 	})
-	if err == nil && signing != nil {
-		// Relays of earlier versions read the raw signing secret here when
-		// they start; rotations wait for none of them to be running.
-		_, _ = m.fleetKV.Put(ctx, secretKey, signing)
-	}
-	return info, err
 }
 
 // FinishSecretRotation takes the last step of a rotation: the old secret

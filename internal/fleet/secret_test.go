@@ -54,9 +54,8 @@ func TestSecretParity(t *testing.T) {
 		{"sign phase", []Relay{rel("r1", "bb", "fleet", "aa"), rel("r2", "aa", "fleet", "bb")}, inSign, "bb", ParityRecord, nil, 2},
 		{"sign phase, one never accepted", []Relay{rel("r1", "bb", "fleet", "aa"), rel("r2", "aa", "fleet")}, inSign, "bb", ParityRecord, []string{"r2"}, 2},
 		{"accept phase", []Relay{rel("r1", "aa", "fleet", "bb"), rel("r2", "aa", "fleet")}, inAccept, "aa", ParityRecord, nil, 1},
-		// Relays of earlier versions report nothing and are left out, as
-		// are stale ones.
-		{"earlier versions", []Relay{rel("r1", "aa", "fleet"), {ID: "old"}}, rec, "aa", ParityRecord, nil, 1},
+		// Relays that report no secret are left out, as are stale ones.
+		{"no secret reported", []Relay{rel("r1", "aa", "fleet"), {ID: "old"}}, rec, "aa", ParityRecord, nil, 1},
 		{"stale", []Relay{rel("r1", "aa", "fleet"), rel("stale", "cc", "file")}, rec, "aa", ParityRecord, nil, 1},
 		{"nobody", []Relay{{ID: "old"}}, rec, "", "", nil, 0},
 	}
@@ -143,59 +142,26 @@ func storedRecord(t *testing.T, kv jetstream.KeyValue) SecretRecord {
 	return rec
 }
 
-// TestLegacyPeerSecretAdopted starts members in a fleet that has only the
-// "peer_secret" of earlier versions: they sign with it, and store it as the
-// fleet secret record.
-func TestLegacyPeerSecretAdopted(t *testing.T) {
-	f := newTestFleet(t)
-	kv := f.fleetKV()
-	old := secret.New()
-	if _, err := kv.Put(testContext(t), secretKey, old); err != nil {
-		t.Fatal(err)
-	}
-	a, b := f.join(), f.join()
-	for _, n := range []*node{a, b} {
-		if got := n.m.Secrets().Fingerprint(); got != secret.Fingerprint(old) {
-			t.Fatalf("a member signs with %s, want the old peer_secret's %s", got, secret.Fingerprint(old))
-		}
-		if n.m.SecretSource() != SecretSourceFleet {
-			t.Errorf("source %q", n.m.SecretSource())
-		}
-	}
-	rec := storedRecord(t, kv)
-	if rec.Signing != secret.Fingerprint(old) || len(rec.Secrets) != 1 || rec.Format != SecretRecordFormat || rec.Generation != 1 {
-		t.Fatalf("stored record %+v", rec)
-	}
-	if e, err := kv.Get(testContext(t), secretKey); err != nil || string(e.Value()) != string(old) {
-		t.Fatalf("the old peer_secret changed: %v", err)
-	}
-	// Both report it on their beats; the fleet is in parity.
-	eventually(t, 5*time.Second, func() error {
-		for _, r := range a.m.Relays() {
-			if r.SecretFingerprint != secret.Fingerprint(old) || r.SecretSource != SecretSourceFleet || !slices.Equal(r.SecretAccepted, []string{secret.Fingerprint(old)}) {
-				return fmt.Errorf("relay %s reports %q %v (%s)", r.ID, r.SecretFingerprint, r.SecretAccepted, r.SecretSource)
-			}
-		}
-		return nil
-	})
-	if p := a.m.SecretParity(); len(p.Odd) != 0 || p.Expected != secret.Fingerprint(old) || p.Basis != ParityRecord {
-		t.Fatalf("parity %+v", p)
-	}
-}
-
 // TestNewFleetSecret starts members in an empty fleet: the first stores a
-// new secret, as the record and as "peer_secret" for earlier versions.
+// new secret as the record, and nothing else: no raw secret lies in NATS
+// beside it.
 func TestNewFleetSecret(t *testing.T) {
 	f := newTestFleet(t)
 	a, b := f.join(), f.join()
 	kv := f.fleetKV()
 	rec := storedRecord(t, kv)
-	e, err := kv.Get(testContext(t), secretKey)
-	if err != nil || secret.Fingerprint(e.Value()) != rec.Signing {
-		t.Fatalf("peer_secret %v does not match the record %s", err, rec.Signing)
+	if rec.Format != SecretRecordFormat || rec.Generation != 1 || len(rec.Secrets) != 1 {
+		t.Fatalf("stored record %+v", rec)
+	}
+	keys, err := kv.Keys(testContext(t))
+	if err != nil || !slices.Equal(keys, []string{SecretRecordKey}) {
+		t.Fatalf("the fleet bucket holds %v (%v), want only %s", keys, err, SecretRecordKey)
 	}
 	if a.m.Secrets().Fingerprint() != rec.Signing || b.m.Secrets().Fingerprint() != rec.Signing {
 		t.Fatal("the members run another secret than the stored one")
+	}
+	if a.m.SecretSource() != SecretSourceFleet {
+		t.Errorf("source %q", a.m.SecretSource())
 	}
 	// A record lost with its NATS files is put back from what the
 	// members run.
@@ -274,9 +240,6 @@ func TestSecretRotation(t *testing.T) {
 		return r.SecretFingerprint == rot.To && slices.Contains(r.SecretAccepted, from)
 	})
 	kv := f.fleetKV()
-	if e, err := kv.Get(ctx, secretKey); err != nil || secret.Fingerprint(e.Value()) != rot.To {
-		t.Fatalf("peer_secret was not moved to the new signing secret: %v", err)
-	}
 	if _, err := a.m.FinishSecretRotation(ctx, "test", 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +333,7 @@ func TestSecretFileParity(t *testing.T) {
 		}
 		return nil
 	})
-	if a.m.SecretOdd(b.m.ID()) || a.m.SecretRefuses(b.m.ID()) || a.m.SecretLegacy(b.m.ID()) {
+	if a.m.SecretOdd(b.m.ID()) || a.m.SecretRefuses(b.m.ID()) {
 		t.Error("a relay in parity is avoided")
 	}
 	if _, err := a.m.BeginSecretRotation(testContext(t), "test"); !errors.Is(err, ErrRotationRefused) || !strings.Contains(err.Error(), odd) {

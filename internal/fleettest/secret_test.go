@@ -429,27 +429,24 @@ func secretGet(t *testing.T, r *Relay, user string) int {
 	return resp.StatusCode
 }
 
-// TestLegacyPeerSecretFleet starts a fleet whose NATS holds only the
-// "peer_secret" of an earlier version: the relays adopt it, and a forward
-// signed as such a version signs it (v1, the raw secret) is still taken,
-// so that a rolling update from it drops nothing.
-func TestLegacyPeerSecretFleet(t *testing.T) {
+// TestV1ForwardRefused: a forward signed in the raw-secret v1 form of
+// builds that never shipped is refused, even with the fleet's own secret;
+// forwards between the relays, signed v2, are taken.
+func TestV1ForwardRefused(t *testing.T) {
 	st, err := store.Open(t.Context(), store.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	kv, err := st.KeyValue(t.Context(), fleet.BucketFleet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := secret.New()
-	if _, err := kv.Put(t.Context(), "peer_secret", old); err != nil {
-		t.Fatal(err)
-	}
 	join := func(c *node.Config) { c.NATS = []string{st.ClientURL()} }
 	relays := []*Relay{StartRelay(t, FastFleet, join), StartRelay(t, FastFleet, join)}
-	waitSecrets(t, relays, "run the old peer_secret", func(s string, _ []string) bool { return s == secret.Fingerprint(old) })
+	rec := storedSecret(t, st.ClientURL())
+	var raw []byte
+	for _, s := range rec.Secrets {
+		if s.Fingerprint == rec.Signing {
+			raw = s.Secret
+		}
+	}
 
 	holder, others := HolderFor(t, relays, "dev")
 	b := newBackend(t, "b1")
@@ -457,11 +454,10 @@ func TestLegacyPeerSecretFleet(t *testing.T) {
 	waitHolder(t, relays, "dev", holder)
 	user := FleetToken(t, relays, auth.KindUser, "alice", "dev")
 	if code := secretGet(t, others[0], user); code != http.StatusOK {
-		t.Fatalf("a forward between relays of this version: %d", code)
+		t.Fatalf("a forward between the relays: %d", code)
 	}
-	// A forward from a relay of the earlier version.
 	ts := time.Now().Unix()
-	m := hmac.New(sha256.New, old)
+	m := hmac.New(sha256.New, raw)
 	fmt.Fprintf(m, "v1\n%s\n%d\n%s", "rl-0dd0dd00", ts, "dev")
 	req, _ := http.NewRequest(http.MethodGet, holder.URL+"/client/dev/echo/old", nil)
 	req.Header.Set(peer.Header, fmt.Sprintf("v1 rl-0dd0dd00 %d %s", ts, hex.EncodeToString(m.Sum(nil))))
@@ -471,7 +467,7 @@ func TestLegacyPeerSecretFleet(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("a v1 forward: %s", resp.Status)
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a v1 forward: %s, want 401", resp.Status)
 	}
 }

@@ -44,7 +44,6 @@ func (n *Node) openRouting(ctx context.Context) error {
 	if n.signer, err = peer.NewSigner(n.secrets, n.member.ID()); err != nil {
 		return err
 	}
-	n.signer.Legacy = n.member.SecretLegacy
 	failovers := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "switchboard", Name: "veto_seconds",
 		Help:    "Time from a peer's first missed probe (or refused connection: 0) to its veto.",
