@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
 
 // rollOptions are the flags of 'ctl roll'.
@@ -116,7 +115,7 @@ type roller struct {
 	o      rollOptions
 	out    *rollWriter
 	stderr io.Writer
-	state  fleet.RollState
+	state  control.RollState
 }
 
 func (r *roller) run(ctx context.Context) error {
@@ -135,7 +134,7 @@ func (r *roller) run(ctx context.Context) error {
 		r.state = *info.State
 		r.out.say("", "resume", fmt.Sprintf("resuming the roll started %s: %d of %d relays done", info.State.StartedAt.Format(time.RFC3339), len(r.state.Done), len(r.state.Order)))
 	} else {
-		r.state = fleet.RollState{StartedAt: time.Now().UTC(), By: whoAmI()}
+		r.state = control.RollState{StartedAt: time.Now().UTC(), By: whoAmI()}
 		for _, rs := range relays {
 			if rs.Fresh {
 				r.state.Order = append(r.state.Order, rs.ID)
@@ -210,7 +209,7 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	if before == nil {
 		return fmt.Errorf("%w: it is not in the fleet any more", errRollRefused)
 	}
-	if resumeAt == "" || resumeAt == fleet.RollHold {
+	if resumeAt == "" || resumeAt == control.RollHold {
 		if err := r.checkGuards(ctx, id); err != nil {
 			return err
 		}
@@ -221,7 +220,7 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	if _, err := r.c.SetRelayDraining(ctx, id, true); err != nil {
 		return r.refused(id, err)
 	}
-	r.out.say(id, fleet.RollHold, "held out of routing: its devices move to the other relays")
+	r.out.say(id, control.RollHold, "held out of routing: its devices move to the other relays")
 	defer func() {
 		// Release the hold whatever happened: a relay left held carries no traffic.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -233,22 +232,22 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 		r.out.say(id, "released", "back in routing")
 	}()
 	r.state.Current = id
-	if resumeAt != fleet.RollReturning {
-		r.state.Phase = fleet.RollHold
+	if resumeAt != control.RollReturning {
+		r.state.Phase = control.RollHold
 		if err := r.save(ctx); err != nil {
 			return err
 		}
 		if err := r.waitEmpty(ctx, id); err != nil {
 			return err
 		}
-		r.state.Phase, r.state.PrevStartedAt = fleet.RollUpdating, before.StartedAt
+		r.state.Phase, r.state.PrevStartedAt = control.RollUpdating, before.StartedAt
 		if err := r.save(ctx); err != nil {
 			return err
 		}
 		if err := r.update(ctx, *before); err != nil {
 			return err
 		}
-		r.state.Phase = fleet.RollReturning
+		r.state.Phase = control.RollReturning
 		if err := r.save(ctx); err != nil {
 			return err
 		}
@@ -261,7 +260,7 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	return r.save(ctx)
 }
 
-func findRelay(relays []fleet.RelayStatus, id string) *fleet.RelayStatus {
+func findRelay(relays []control.Relay, id string) *control.Relay {
 	for i := range relays {
 		if relays[i].ID == id {
 			return &relays[i]
@@ -311,13 +310,13 @@ func (r *roller) waitEmpty(ctx context.Context, id string) error {
 }
 
 // update runs the operator's update step for one relay.
-func (r *roller) update(ctx context.Context, rs fleet.RelayStatus) error {
+func (r *roller) update(ctx context.Context, rs control.Relay) error {
 	address := ""
 	if len(rs.Addresses) > 0 {
 		address = rs.Addresses[0]
 	}
 	cmdline := strings.NewReplacer("{id}", shellQuote(rs.ID), "{address}", shellQuote(address), "{hostname}", shellQuote(rs.Hostname)).Replace(r.o.updateCmd)
-	r.out.say(rs.ID, fleet.RollUpdating, "running: "+cmdline)
+	r.out.say(rs.ID, control.RollUpdating, "running: "+cmdline)
 	cmd := exec.CommandContext(ctx, "sh", "-c", cmdline)
 	// On Ctrl-C the whole step stops, not only its shell.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
 
 // TestRollAsksTheServersGuards: the roll's guard is the server's check
@@ -25,7 +24,7 @@ func TestRollAsksTheServersGuards(t *testing.T) {
 		json.NewEncoder(w).Encode(control.RollInfo{Enabled: true})
 	})
 	mux.HandleFunc("GET "+control.PathRelays, func(w http.ResponseWriter, _ *http.Request) {
-		json.NewEncoder(w).Encode([]fleet.RelayStatus{
+		json.NewEncoder(w).Encode([]control.Relay{
 			{ID: "rl-0000000a", Fresh: true, Healthy: true, AttachedDevices: 2, MaxForward: 512},
 			{ID: "rl-0000000b", Fresh: true, Healthy: true, MaxForward: 512},
 		})

@@ -37,7 +37,7 @@ func secretStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, std
 	return showCommand(ctx, g, "ctl secret status", args, stdout, stderr, (*control.Client).SecretStatus, writeSecretStatus)
 }
 
-func writeSecretStatus(w io.Writer, st fleet.SecretStatus, now time.Time) error {
+func writeSecretStatus(w io.Writer, st control.SecretStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	switch rec := st.Record; {
 	case rec == nil:
@@ -148,17 +148,17 @@ func (r *rotator) run(ctx context.Context) error {
 	} else {
 		r.out.say("resume", rot, fmt.Sprintf("resuming the rotation from %s to %s begun %s by %s, at phase %s", rot.From, rot.To, rot.StartedAt.Format(time.RFC3339), orDash(rot.By), rot.Phase))
 	}
-	if rot.Phase == fleet.RotationAccept {
-		if err := r.wait(ctx, rot, "accept", func(rs fleet.RelaySecret) bool { return slices.Contains(rs.SecretAccepted, rot.To) }); err != nil {
+	if rot.Phase == control.RotationAccept {
+		if err := r.wait(ctx, rot, "accept", func(rs control.RelaySecret) bool { return slices.Contains(rs.SecretAccepted, rot.To) }); err != nil {
 			return err
 		}
 		if _, err := r.c.SignWithNewSecret(ctx, r.by); err != nil {
 			return r.explain(err)
 		}
-		rot.Phase = fleet.RotationSign
+		rot.Phase = control.RotationSign
 		r.out.say("sign", rot, fmt.Sprintf("relays now sign with %s; %s is still accepted", rot.To, rot.From))
 	}
-	if err := r.wait(ctx, rot, "sign with", func(rs fleet.RelaySecret) bool { return rs.SecretFingerprint == rot.To }); err != nil {
+	if err := r.wait(ctx, rot, "sign with", func(rs control.RelaySecret) bool { return rs.SecretFingerprint == rot.To }); err != nil {
 		return err
 	}
 	if _, err := r.c.FinishRotation(ctx, r.by, r.o.grace); err != nil {
@@ -175,13 +175,13 @@ func (r *rotator) run(ctx context.Context) error {
 // refuseRotation refuses, before anything changes, what the relays would
 // refuse: a fleet without a stored secret, relays with file-supplied
 // secrets.
-func refuseRotation(st fleet.SecretStatus) error {
+func refuseRotation(st control.SecretStatus) error {
 	if st.Record == nil {
 		return fmt.Errorf("%w: no fleet secret is stored: the relays run from --fleet-secret-file; rotate the files instead (see docs/fleet-secret.md)", errRotationRefused)
 	}
 	var files []string
 	for _, rs := range st.Relays {
-		if rs.Fresh && rs.SecretSource == fleet.SecretSourceFile {
+		if rs.Fresh && rs.SecretSource == control.SecretSourceFile {
 			files = append(files, rs.ID)
 		}
 	}
@@ -203,7 +203,7 @@ func (r *rotator) explain(err error) error {
 
 // wait polls until every fresh relay satisfies done, saying how many do
 // whenever that changes, for at most --timeout.
-func (r *rotator) wait(ctx context.Context, rot *fleet.Rotation, what string, done func(fleet.RelaySecret) bool) error {
+func (r *rotator) wait(ctx context.Context, rot *control.Rotation, what string, done func(control.RelaySecret) bool) error {
 	deadline := time.Now().Add(r.o.timeout)
 	lastDone := -1
 	for {
@@ -258,7 +258,7 @@ type rotationStep struct {
 	Message string    `json:"message"`
 }
 
-func (sw *stepWriter) say(phase string, rot *fleet.Rotation, msg string) {
+func (sw *stepWriter) say(phase string, rot *control.Rotation, msg string) {
 	step := rotationStep{Time: time.Now().UTC(), Phase: phase, From: rot.From, To: rot.To, Message: msg}
 	if sw.asJSON {
 		b, _ := json.Marshal(step)

@@ -63,7 +63,7 @@ func (h *handler) secretOnly(next func(http.ResponseWriter, *http.Request, Secre
 }
 
 func (h *handler) secretStatus(w http.ResponseWriter, _ *http.Request, sf SecretFleet) {
-	writeJSON(w, http.StatusOK, sf.SecretStatus())
+	writeJSON(w, http.StatusOK, secretStatusFrom(sf.SecretStatus()))
 }
 
 func (h *handler) rotationStep(step string) func(http.ResponseWriter, *http.Request, SecretFleet) {
@@ -100,36 +100,36 @@ func (h *handler) rotationStep(step string) func(http.ResponseWriter, *http.Requ
 			writeFleetError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, info)
+		writeJSON(w, http.StatusOK, secretRecordFrom(info))
 	}
 }
 
 // SecretStatus returns the fleet secret's status as the relay answering
 // sees it.
-func (c *Client) SecretStatus(ctx context.Context) (fleet.SecretStatus, error) {
-	var out fleet.SecretStatus
+func (c *Client) SecretStatus(ctx context.Context) (SecretStatus, error) {
+	var out SecretStatus
 	err := c.do(ctx, http.MethodGet, PathSecret, nil, http.StatusOK, &out)
 	return out, err
 }
 
 // BeginRotation adds a new secret, accepted only, or finds the rotation in
 // progress. A refusal is an *APIError with Status 409.
-func (c *Client) BeginRotation(ctx context.Context, by string) (fleet.SecretRecordInfo, error) {
-	var out fleet.SecretRecordInfo
+func (c *Client) BeginRotation(ctx context.Context, by string) (SecretRecord, error) {
+	var out SecretRecord
 	err := c.do(ctx, http.MethodPost, PathRotation, RotationStep{By: by}, http.StatusOK, &out)
 	return out, err
 }
 
 // SignWithNewSecret makes the rotation's new secret the signing one.
-func (c *Client) SignWithNewSecret(ctx context.Context, by string) (fleet.SecretRecordInfo, error) {
-	var out fleet.SecretRecordInfo
+func (c *Client) SignWithNewSecret(ctx context.Context, by string) (SecretRecord, error) {
+	var out SecretRecord
 	err := c.do(ctx, http.MethodPost, PathRotation+"/sign", RotationStep{By: by}, http.StatusOK, &out)
 	return out, err
 }
 
 // FinishRotation drops the old secret, or keeps it accepted for grace.
-func (c *Client) FinishRotation(ctx context.Context, by string, grace time.Duration) (fleet.SecretRecordInfo, error) {
-	var out fleet.SecretRecordInfo
+func (c *Client) FinishRotation(ctx context.Context, by string, grace time.Duration) (SecretRecord, error) {
+	var out SecretRecord
 	err := c.do(ctx, http.MethodPost, PathRotation+"/finish", RotationStep{By: by, GraceSeconds: int64(grace / time.Second)}, http.StatusOK, &out)
 	return out, err
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 )
@@ -47,7 +48,7 @@ func TestFleetDirectoryAcrossRelays(t *testing.T) {
 
 	for _, r := range relays {
 		Eventually(t, 10*time.Second, func() error {
-			var rs []fleet.RelayStatus
+			var rs []control.Relay
 			if _, err := getJSON(c, r.AdminURL+"/api/v1/relays", r.AdminToken, &rs); err != nil {
 				return err
 			}
@@ -107,7 +108,7 @@ func TestDeviceVisibility(t *testing.T) {
 	StartAgent(t, robotHolder, "robot-1", backend.URL, robotHolder.Token(t, auth.KindAgent, "", "robot-1"))
 	StartAgent(t, labHolder, "lab-1", backend.URL, labHolder.Token(t, auth.KindAgent, "", "lab-1"))
 	Eventually(t, 10*time.Second, func() error {
-		var ds []fleet.DeviceStatus
+		var ds []control.Device
 		if _, err := getJSON(c, r.AdminURL+"/api/v1/devices", r.AdminToken, &ds); err != nil {
 			return err
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/cli"
+	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/peer"
@@ -159,10 +160,10 @@ func TestSecretRotationResumes(t *testing.T) {
 	to := rotationSteps(t, w.buf.String())[0].To
 
 	// Another relay sees the record as its watch delivers it.
-	var st fleet.SecretStatus
+	var st control.SecretStatus
 	Eventually(t, 5*time.Second, func() error {
 		code, out, stderr := ctl(t.Context(), relays[1], "secret", "status", "-o", "json")
-		st = fleet.SecretStatus{}
+		st = control.SecretStatus{}
 		if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
 			t.Fatalf("status: exit %d, %v, %s", code, err, stderr)
 		}
@@ -308,7 +309,7 @@ func TestSecretMismatch(t *testing.T) {
 		t.Errorf("ctl status:\n%s", out)
 	}
 	code, out, _ = ctl(t.Context(), relays[0], "relays", "list", "-o", "json")
-	var list []fleet.RelayStatus
+	var list []control.Relay
 	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list) != 3 {
 		t.Fatalf("relays list: %v\n%s", err, out)
 	}
