@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 )
 
 // Defaults of 'ctl secret rotate'.
@@ -196,7 +196,7 @@ func refuseRotation(st control.SecretStatus) error {
 func (r *rotator) explain(err error) error {
 	var apiErr *control.APIError
 	if errors.As(err, &apiErr) && apiErr.Status == http.StatusConflict {
-		return fmt.Errorf("%w: %s", errRotationRefused, strings.TrimPrefix(apiErr.Message, fleet.ErrRotationRefused.Error()+": "))
+		return fmt.Errorf("%w: %s", errRotationRefused, strings.TrimPrefix(apiErr.Message, fleetsecret.ErrRotationRefused.Error()+": "))
 	}
 	return r.g.explain(err)
 }

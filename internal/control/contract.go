@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 )
 
 // The types below are the JSON of the operator API (/api/v1) and of
@@ -189,12 +190,17 @@ type Status struct {
 	SecretMismatch []string `json:"secret_mismatch"`
 }
 
-func statusFrom(s fleet.Status) Status {
-	return Status{RelayID: s.RelayID, NATSConnected: s.NATSConnected, LeaseHeld: s.LeaseHeld, ShouldDrain: s.ShouldDrain,
+// statusFrom is the status of the fleet s and of the secret sec (nil: none).
+func statusFrom(s fleet.Status, sec FleetSecret) Status {
+	out := Status{RelayID: s.RelayID, NATSConnected: s.NATSConnected, LeaseHeld: s.LeaseHeld, ShouldDrain: s.ShouldDrain,
 		Relays: s.Relays, FreshRelays: s.FreshRelays, DrainingRelays: s.DrainingRelays,
 		Devices: s.Devices, OnlineDevices: s.OnlineDevices, DevicesHere: s.DevicesHere,
-		EventsDropped: s.EventsDropped, ViewAgeMS: s.ViewAgeMS,
-		SecretFingerprint: s.SecretFingerprint, SecretSource: s.SecretSource, SecretMismatch: nonNil(s.SecretMismatch)}
+		EventsDropped: s.EventsDropped, ViewAgeMS: s.ViewAgeMS, SecretMismatch: []string{}}
+	if sec != nil {
+		out.SecretFingerprint, _, out.SecretSource = sec.Report()
+		out.SecretMismatch = nonNil(sec.Parity().Odd)
+	}
+	return out
 }
 
 // Phases of a relay in a roll.
@@ -232,20 +238,20 @@ func (s RollState) toFleet() fleet.RollState {
 
 // Sources of a relay's fleet secret.
 const (
-	SecretSourceFleet = "fleet" // the fleet's stored secret, followed live
-	SecretSourceFile  = "file"  // --fleet-secret-file
+	SecretSourceFleet = fleetsecret.SourceFleet // the fleet's stored secret, followed live
+	SecretSourceFile  = fleetsecret.SourceFile  // --fleet-secret-file
 )
 
 // Phases of a rotation of the fleet secret.
 const (
-	RotationAccept = "accept" // the new secret is accepted only
-	RotationSign   = "sign"   // the new secret signs; the old one is still accepted
+	RotationAccept = fleetsecret.RotationAccept // the new secret is accepted only
+	RotationSign   = fleetsecret.RotationSign   // the new secret signs; the old one is still accepted
 )
 
 // Bases of a SecretParity.
 const (
-	ParityRecord   = "record"   // the stored secret's signing one
-	ParityMajority = "majority" // what most fresh relays sign with, when all run from files
+	ParityRecord   = fleetsecret.ParityRecord   // the stored secret's signing one
+	ParityMajority = fleetsecret.ParityMajority // what most fresh relays sign with, when all run from files
 )
 
 // SecretStatus is the fleet secret as the relay answering sees it, never a
@@ -314,7 +320,7 @@ type RelaySecret struct {
 	Odd bool `json:"odd"`
 }
 
-func secretStatusFrom(s fleet.SecretStatus) SecretStatus {
+func secretStatusFrom(s fleetsecret.Status) SecretStatus {
 	out := SecretStatus{RelayID: s.RelayID, Source: s.Source, Relays: make([]RelaySecret, 0, len(s.Relays)),
 		Parity: SecretParity{Expected: s.Parity.Expected, Basis: s.Parity.Basis, Odd: nonNil(s.Parity.Odd), SigningFingerprints: s.Parity.SigningFingerprints}}
 	if s.Record != nil {
@@ -328,7 +334,7 @@ func secretStatusFrom(s fleet.SecretStatus) SecretStatus {
 	return out
 }
 
-func secretRecordFrom(r fleet.SecretRecordInfo) SecretRecord {
+func secretRecordFrom(r fleetsecret.RecordInfo) SecretRecord {
 	out := SecretRecord{Generation: r.Generation, Signing: r.Signing, Secrets: make([]SecretInfo, 0, len(r.Secrets)),
 		UpdatedAt: r.UpdatedAt, UpdatedBy: r.UpdatedBy}
 	for _, s := range r.Secrets {

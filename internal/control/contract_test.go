@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 )
 
 // updateGolden rewrites testdata/api/*.json from the answers of this build:
@@ -85,38 +86,47 @@ func (g *goldenFleet) Roll(context.Context) (*fleet.RollState, error) {
 
 func (g *goldenFleet) Status() fleet.Status {
 	return fleet.Status{RelayID: "rl-00000001", NATSConnected: true, LeaseHeld: true, ShouldDrain: false,
-		Relays: 2, FreshRelays: 1, DrainingRelays: 1, Devices: 2, OnlineDevices: 1, DevicesHere: 1, EventsDropped: 3, ViewAgeMS: 20,
-		SecretFingerprint: "1f0c9a7e5b3d2c11", SecretSource: "fleet", SecretMismatch: []string{"rl-00000002"}}
+		Relays: 2, FreshRelays: 1, DrainingRelays: 1, Devices: 2, OnlineDevices: 1, DevicesHere: 1, EventsDropped: 3, ViewAgeMS: 20}
 }
 
-func (g *goldenFleet) SecretStatus() fleet.SecretStatus {
-	return fleet.SecretStatus{RelayID: "rl-00000001", Source: "fleet", Record: g.record(),
-		Parity: fleet.SecretParity{Expected: "8e2d4b6a0c9f7e35", Basis: fleet.ParityRecord, Odd: []string{"rl-00000002"}, SigningFingerprints: 2},
-		Relays: []fleet.RelaySecret{
+// goldenSecret is the fleet secret of the golden fleet.
+type goldenSecret struct{}
+
+func (goldenSecret) Report() (string, []string, string) {
+	return "1f0c9a7e5b3d2c11", []string{"1f0c9a7e5b3d2c11"}, fleetsecret.SourceFleet
+}
+
+func (goldenSecret) Parity() fleetsecret.Parity {
+	return fleetsecret.Parity{Expected: "8e2d4b6a0c9f7e35", Basis: fleetsecret.ParityRecord, Odd: []string{"rl-00000002"}, SigningFingerprints: 2}
+}
+
+func (g goldenSecret) Status() fleetsecret.Status {
+	return fleetsecret.Status{RelayID: "rl-00000001", Source: "fleet", Record: g.record(), Parity: g.Parity(),
+		Relays: []fleetsecret.RelaySecret{
 			{ID: "rl-00000001", Fresh: true, SecretSource: "fleet", SecretFingerprint: "8e2d4b6a0c9f7e35", SecretAccepted: []string{"8e2d4b6a0c9f7e35", "1f0c9a7e5b3d2c11"}},
 			{ID: "rl-00000002", Fresh: true, SecretSource: "file", SecretFingerprint: "0000000000000000", SecretAccepted: []string{"0000000000000000"}, Odd: true},
 		}}
 }
 
-func (g *goldenFleet) record() *fleet.SecretRecordInfo {
-	return &fleet.SecretRecordInfo{Generation: 7, Signing: "8e2d4b6a0c9f7e35",
-		Secrets: []fleet.SecretInfo{
+func (goldenSecret) record() *fleetsecret.RecordInfo {
+	return &fleetsecret.RecordInfo{Generation: 7, Signing: "8e2d4b6a0c9f7e35",
+		Secrets: []fleetsecret.SecretInfo{
 			{Fingerprint: "1f0c9a7e5b3d2c11", AddedAt: goldenTime.Add(-time.Hour), RetireAt: goldenTime.Add(8 * time.Hour)},
 			{Fingerprint: "8e2d4b6a0c9f7e35", AddedAt: goldenTime},
 		},
-		Rotation:  &fleet.Rotation{Phase: fleet.RotationSign, From: "1f0c9a7e5b3d2c11", To: "8e2d4b6a0c9f7e35", StartedAt: goldenTime, By: "ops@host"},
+		Rotation:  &fleetsecret.Rotation{Phase: fleetsecret.RotationSign, From: "1f0c9a7e5b3d2c11", To: "8e2d4b6a0c9f7e35", StartedAt: goldenTime, By: "ops@host"},
 		UpdatedAt: goldenTime, UpdatedBy: "ops@host"}
 }
 
-func (g *goldenFleet) BeginSecretRotation(context.Context, string) (fleet.SecretRecordInfo, error) {
+func (g goldenSecret) BeginRotation(context.Context, string) (fleetsecret.RecordInfo, error) {
 	return *g.record(), nil
 }
 
-func (g *goldenFleet) SignWithNewSecret(context.Context, string) (fleet.SecretRecordInfo, error) {
+func (g goldenSecret) SignWithNew(context.Context, string) (fleetsecret.RecordInfo, error) {
 	return *g.record(), nil
 }
 
-func (g *goldenFleet) FinishSecretRotation(context.Context, string, time.Duration) (fleet.SecretRecordInfo, error) {
+func (g goldenSecret) FinishRotation(context.Context, string, time.Duration) (fleetsecret.RecordInfo, error) {
 	rec := g.record()
 	rec.Rotation = nil
 	return *rec, nil
@@ -130,7 +140,7 @@ func (g *goldenFleet) FinishSecretRotation(context.Context, string, time.Duratio
 // the same: the client's types lose no field.
 func TestAPIContract(t *testing.T) {
 	f := newFixture(t)
-	srv := httptest.NewServer(NewHandler(Config{Tokens: f.tokens, Fleet: newGoldenFleet()}))
+	srv := httptest.NewServer(NewHandler(Config{Tokens: f.tokens, Fleet: newGoldenFleet(), Secret: goldenSecret{}}))
 	t.Cleanup(srv.Close)
 	c := &Client{BaseURL: srv.URL, Token: f.admin, HTTPClient: srv.Client()}
 	userToken, _, err := f.tokens.Create(t.Context(), auth.CreateRequest{Kind: auth.KindUser, Name: "alice", Devices: []string{"robot-1"}})

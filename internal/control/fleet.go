@@ -278,7 +278,7 @@ func (h *handler) clearRoll(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, statusFrom(h.cfg.Fleet.Status()))
+	writeJSON(w, http.StatusOK, statusFrom(h.cfg.Fleet.Status(), h.cfg.Secret))
 }
 
 func writeFleetError(w http.ResponseWriter, err error) {

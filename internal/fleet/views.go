@@ -183,13 +183,6 @@ type Status struct {
 	// while NATS is away or takes no writes. Freshness is judged at the
 	// moment the view was current (docs/design/fleet-state.md).
 	ViewAgeMS int64 `json:"view_age_ms"`
-	// SecretFingerprint names the fleet secret this relay signs with, and
-	// SecretSource says where it comes from ("fleet" or "file").
-	SecretFingerprint string `json:"secret_fingerprint"`
-	SecretSource      string `json:"secret_source"`
-	// SecretMismatch lists the fresh relays that run another fleet secret
-	// than the fleet (SecretParity): [] when none.
-	SecretMismatch []string `json:"secret_mismatch"`
 }
 
 // Status summarises the fleet as this relay sees it.
@@ -198,9 +191,6 @@ func (m *Member) Status() Status {
 		RelayID: m.cfg.RelayID, NATSConnected: m.st.Connected() && m.reachable.Load(),
 		LeaseHeld: m.leaseHeld.Load(), ShouldDrain: m.shouldDrain.Load(),
 		EventsDropped: m.events.dropped.Load(),
-
-		SecretFingerprint: m.secrets.Fingerprint(), SecretSource: m.SecretSource(),
-		SecretMismatch: m.SecretParity().Odd,
 	}
 	// Counted in place: a scrape of /metrics asks for this, and the sorted
 	// lists of Relays and Devices would cost it a copy of the directory.

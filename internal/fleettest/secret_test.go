@@ -25,6 +25,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/cli"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/secret"
@@ -218,7 +219,7 @@ func writeSecretFile(t *testing.T, path string, secrets ...[]byte) {
 }
 
 // storedSecret reads the fleet's stored secret record from NATS.
-func storedSecret(t *testing.T, natsURL string) fleet.SecretRecord {
+func storedSecret(t *testing.T, natsURL string) fleetsecret.Record {
 	t.Helper()
 	st, err := store.Open(t.Context(), store.Config{URLs: []string{natsURL}})
 	if err != nil {
@@ -229,11 +230,11 @@ func storedSecret(t *testing.T, natsURL string) fleet.SecretRecord {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := kv.Get(t.Context(), fleet.SecretRecordKey)
+	e, err := kv.Get(t.Context(), fleetsecret.RecordKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec fleet.SecretRecord
+	var rec fleetsecret.Record
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestSecretMismatch(t *testing.T) {
 	path := secretFile(t, secret.New())
 	odd := StartRelay(t, FastFleet, func(c *node.Config) {
 		c.NATS = []string{natsURL}
-		c.Fleet.SecretFile = path
+		c.FleetSecret.File = path
 		c.Broker.NoAgentGrace = 300 * time.Millisecond
 	})
 	all := append(slices.Clone(relays), odd)
@@ -329,7 +330,7 @@ func TestSecretMismatch(t *testing.T) {
 
 	// An agent arriving at the odd relay is sent to a relay in parity.
 	Eventually(t, 5*time.Second, func() error {
-		if !odd.Node.Fleet().SecretOdd(oddID) {
+		if !odd.Node.FleetSecret().Odd(oddID) {
 			return errors.New("the odd relay does not know it yet")
 		}
 		return nil
