@@ -129,24 +129,27 @@ type rotator struct {
 	by  string
 }
 
+// run takes the rotation's steps. Whether a step may be taken is the
+// relay's decision alone (its guards answer 409 with why): the begin step,
+// which also finds a rotation in progress, is asked every time, so that a
+// resumed rotation passes the same guards as a new one.
 func (r *rotator) run(ctx context.Context) error {
 	st, err := r.c.SecretStatus(ctx)
 	if err != nil {
 		return r.g.explain(err)
 	}
-	if err := refuseRotation(st); err != nil {
-		return err
+	info, err := r.c.BeginRotation(ctx, r.by)
+	if err != nil {
+		return r.explain(err)
 	}
-	rot := st.Record.Rotation
+	rot := info.Rotation
 	if rot == nil {
-		info, err := r.c.BeginRotation(ctx, r.by)
-		if err != nil {
-			return r.explain(err)
-		}
-		rot = info.Rotation
-		r.out.say("begin", rot, fmt.Sprintf("added the new secret %s, accepted only; relays still sign with %s", rot.To, rot.From))
-	} else {
+		return fmt.Errorf("%w: the relay began no rotation", errRotationRefused)
+	}
+	if prev := st.Record; prev != nil && prev.Rotation != nil && prev.Rotation.To == rot.To {
 		r.out.say("resume", rot, fmt.Sprintf("resuming the rotation from %s to %s begun %s by %s, at phase %s", rot.From, rot.To, rot.StartedAt.Format(time.RFC3339), orDash(rot.By), rot.Phase))
+	} else {
+		r.out.say("begin", rot, fmt.Sprintf("added the new secret %s, accepted only; relays still sign with %s", rot.To, rot.From))
 	}
 	if rot.Phase == control.RotationAccept {
 		if err := r.wait(ctx, rot, "accept", func(rs control.RelaySecret) bool { return slices.Contains(rs.SecretAccepted, rot.To) }); err != nil {
@@ -169,25 +172,6 @@ func (r *rotator) run(ctx context.Context) error {
 		msg = fmt.Sprintf("rotated: relays sign with %s; %s stays accepted for %s, then housekeeping drops it", rot.To, rot.From, r.o.grace)
 	}
 	r.out.say("done", rot, msg)
-	return nil
-}
-
-// refuseRotation refuses, before anything changes, what the relays would
-// refuse: a fleet without a stored secret, relays with file-supplied
-// secrets.
-func refuseRotation(st control.SecretStatus) error {
-	if st.Record == nil {
-		return fmt.Errorf("%w: no fleet secret is stored: the relays run from --fleet-secret-file; rotate the files instead (see docs/fleet-secret.md)", errRotationRefused)
-	}
-	var files []string
-	for _, rs := range st.Relays {
-		if rs.Fresh && rs.SecretSource == control.SecretSourceFile {
-			files = append(files, rs.ID)
-		}
-	}
-	if len(files) > 0 {
-		return fmt.Errorf("%w: relay(s) %s run a fleet secret from --fleet-secret-file, which a rotation cannot change; rotate the file on every relay instead, or restart them without the flag (see docs/fleet-secret.md)", errRotationRefused, strings.Join(files, ", "))
-	}
 	return nil
 }
 

@@ -27,12 +27,14 @@ func TestCtlSecretArgumentErrors(t *testing.T) {
 
 // secretFleet is a fake fleet secret: three relays that apply each step of
 // a rotation as soon as it is taken, unless lagging names one that never
-// does.
+// does. Its begin step refuses as the relays' guard does (a fresh relay
+// runs from a file), or with refusal when set.
 type secretFleet struct {
 	mu      sync.Mutex // guards the fields below
 	rec     fleetsecret.RecordInfo
 	relays  []fleetsecret.RelaySecret
 	lagging string
+	refusal string
 	steps   []string
 }
 
@@ -71,6 +73,14 @@ func (s *secretFleet) applyLocked() {
 func (s *secretFleet) BeginRotation(_ context.Context, by string) (fleetsecret.RecordInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, r := range s.relays {
+		if r.Fresh && r.SecretSource == fleetsecret.SourceFile {
+			return fleetsecret.RecordInfo{}, fmt.Errorf("%w: relay(s) %s run a fleet secret from --fleet-secret-file, which a rotation cannot change", fleetsecret.ErrRotationRefused, r.ID)
+		}
+	}
+	if s.refusal != "" {
+		return fleetsecret.RecordInfo{}, fmt.Errorf("%w: %s", fleetsecret.ErrRotationRefused, s.refusal)
+	}
 	s.steps = append(s.steps, "begin by "+by)
 	if s.rec.Rotation == nil {
 		s.rec.Secrets = append(s.rec.Secrets, fleetsecret.SecretInfo{Fingerprint: "bbbb"})
@@ -187,5 +197,34 @@ func TestCtlSecretRotate(t *testing.T) {
 	_, _, err = f.ctl(t, "secret", "rotate", "--poll", "5ms", "--timeout", "50ms")
 	if !errors.Is(err, errRotationRefused) || !strings.Contains(err.Error(), "rotation refused: relay(s) rl-0000000b do not accept the new secret bbbb yet") {
 		t.Fatalf("a refused sign step: %v", err)
+	}
+}
+
+// TestCtlSecretRotateAsksTheRelay: a rotation in progress is resumed only
+// past the relay's guards, as a new one begins: the begin step is asked
+// every time, and its refusal stops the command before any other step.
+func TestCtlSecretRotateAsksTheRelay(t *testing.T) {
+	f, sf := secretFixture(t)
+	sf.mu.Lock()
+	sf.rec.Secrets = append(sf.rec.Secrets, fleetsecret.SecretInfo{Fingerprint: "bbbb"})
+	sf.rec.Rotation = &fleetsecret.Rotation{Phase: fleetsecret.RotationAccept, From: "aaaa", To: "bbbb"}
+	sf.applyLocked()
+	sf.refusal = "the relays cannot follow a rotation now"
+	sf.mu.Unlock()
+	_, _, err := f.ctl(t, "secret", "rotate", "--poll", "5ms", "--timeout", "50ms")
+	if !errors.Is(err, errRotationRefused) || !strings.Contains(err.Error(), "rotation refused: the relays cannot follow a rotation now") {
+		t.Fatalf("resuming past a refusing relay: %v", err)
+	}
+	if len(sf.steps) != 0 {
+		t.Fatalf("a refused rotation took steps %v", sf.steps)
+	}
+
+	// Once the relay lets it, the rotation resumes where it was.
+	sf.mu.Lock()
+	sf.refusal = ""
+	sf.mu.Unlock()
+	out, _ := f.mustCtl(t, "secret", "rotate", "--poll", "5ms")
+	if !strings.Contains(out, "resume    resuming the rotation from aaaa to bbbb") || !strings.Contains(out, "done      rotated") {
+		t.Fatalf("resumed rotation:\n%s", out)
 	}
 }
