@@ -64,7 +64,7 @@ func TestFleetDirectoryAcrossRelays(t *testing.T) {
 	want := holder.Node.Fleet().ID()
 	for _, r := range relays {
 		Eventually(t, 10*time.Second, func() error {
-			var d fleet.DeviceLink
+			var d control.DeviceLink
 			if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/robot-1", r.AdminToken, &d); err != nil {
 				return err
 			}
@@ -81,12 +81,12 @@ func TestFleetDirectoryAcrossRelays(t *testing.T) {
 	// The native agent leaves: one agent, long-poll, still online.
 	native.Stop()
 	Eventually(t, 10*time.Second, func() error {
-		var d fleet.DeviceLink
+		var d control.DeviceLink
 		if _, err := getJSON(c, relays[2].AdminURL+"/api/v1/devices/robot-1", relays[2].AdminToken, &d); err != nil {
 			return err
 		}
 		if d.Agents != 1 || d.Protocol != "longpoll" {
-			return fmt.Errorf("robot-1 = %+v", d.DeviceStatus)
+			return fmt.Errorf("robot-1 = %+v", d.Device)
 		}
 		return nil
 	})
@@ -146,7 +146,7 @@ func TestDeviceVisibility(t *testing.T) {
 		}
 	}
 	// The admin sees the relay behind it.
-	var link fleet.DeviceLink
+	var link control.DeviceLink
 	if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/lab-1", r.AdminToken, &link); err != nil || link.Relay == nil || link.Relay.ID != link.RelayID || link.Relay.Hostname == "" || len(link.Relay.Addresses) == 0 {
 		t.Errorf("admin show lab-1: %+v, %v", link, err)
 	}
