@@ -114,15 +114,15 @@ type Keeper struct {
 	rec  *kvmirror.Mirror[Record] // the stored record, whatever the source
 	kick chan struct{}            // asks the loop to look now
 
-	fleet atomic.Pointer[fleetRef]    // set by Start
-	view  atomic.Pointer[routingView] // the other relays' secrets, for routing
+	attached atomic.Pointer[fleetRef]    // the member, set by Start
+	view     atomic.Pointer[routingView] // the other relays' secrets, for routing
 
 	loop   loopState       // used by the loop only, and Open before it
 	odd    map[string]bool // the relays odd at the last sweep; used by Sweep only
 	runCtx context.Context // ends when Close is called
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
-	close  sync.Once
+	once   sync.Once
 }
 
 // fleetRef holds the Fleet given to Start.
@@ -174,14 +174,14 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Keeper, error) {
 // the record or file as they change, the relays' reports for routing and
 // parity. Call it once, after the member opened.
 func (k *Keeper) Start(f Fleet) {
-	k.fleet.Store(&fleetRef{f: f})
+	k.attached.Store(&fleetRef{f: f})
 	k.refreshView()
 	k.wg.Go(func() { k.run(k.runCtx) })
 }
 
 // Close stops the keeper's loops. The ring keeps what it ran.
 func (k *Keeper) Close() error {
-	k.close.Do(func() {
+	k.once.Do(func() {
 		k.stop()
 		k.wg.Wait()
 	})
@@ -190,7 +190,7 @@ func (k *Keeper) Close() error {
 
 // member returns the Fleet given to Start, or nil before.
 func (k *Keeper) member() Fleet {
-	if r := k.fleet.Load(); r != nil {
+	if r := k.attached.Load(); r != nil {
 		return r.f
 	}
 	return nil
