@@ -116,7 +116,7 @@ func showCommand[T any](ctx context.Context, g *ctlGlobals, name string, args []
 	return text(stdout, v, time.Now())
 }
 
-func writeRelayTable(w io.Writer, relays []fleet.RelayStatus, now time.Time) error {
+func writeRelayTable(w io.Writer, relays []control.Relay, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tHOSTNAME\tREGION\tADDRESSES\tVERSION\tHEALTHY\tFRESH\tDRAINING\tLAST SEEN\tSESSIONS\tDEVICES")
 	for _, r := range relays {
@@ -130,7 +130,7 @@ func writeRelayTable(w io.Writer, relays []fleet.RelayStatus, now time.Time) err
 
 // drainColumn says whether a relay takes new devices: draining is the
 // operator's sticky flag, stopping a relay shutting down.
-func drainColumn(r fleet.RelayStatus) string {
+func drainColumn(r control.Relay) string {
 	switch {
 	case r.Draining && r.Stopping:
 		return "yes, stopping"
@@ -205,7 +205,7 @@ func devicesList(ctx context.Context, g *ctlGlobals, args []string, stdout, stde
 	return listCommand(ctx, g, "ctl devices list", args, stdout, stderr, (*control.Client).ListDevices, writeDeviceTable)
 }
 
-func writeDeviceTable(w io.Writer, devices []fleet.DeviceStatus, now time.Time) error {
+func writeDeviceTable(w io.Writer, devices []control.Device, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tRELAY\tSTATE\tAGENTS\tPROTOCOL\tATTACHED")
 	for _, d := range devices {
@@ -281,7 +281,7 @@ func devicesCancel(ctx context.Context, g *ctlGlobals, args []string, stdout, st
 
 // writeDeviceLink writes a device and the relay that holds it as a block of
 // "key value" lines.
-func writeDeviceLink(w io.Writer, d fleet.DeviceLink, now time.Time) error {
+func writeDeviceLink(w io.Writer, d control.DeviceLink, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "device\t%s\n", d.Name)
 	fmt.Fprintf(tw, "state\t%s\n", d.State)
@@ -310,13 +310,13 @@ func writeDeviceLink(w io.Writer, d fleet.DeviceLink, now time.Time) error {
 func runEvents(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("ctl events", stderr)
 	g.register(fs)
-	limit := fs.Int("limit", control.DefaultEventsLimit, fmt.Sprintf("show the last `N` events (1 to %d)", fleet.MaxEventsList))
+	limit := fs.Int("limit", control.DefaultEventsLimit, fmt.Sprintf("show the last `N` events (1 to %d)", control.MaxEventsList))
 	follow := fs.Bool("follow", false, "after the last events, print new ones as they happen, until interrupted")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *limit < 1 || *limit > fleet.MaxEventsList {
-		return usageErrorf("ctl events: --limit %d: give a number from 1 to %d", *limit, fleet.MaxEventsList)
+	if *limit < 1 || *limit > control.MaxEventsList {
+		return usageErrorf("ctl events: --limit %d: give a number from 1 to %d", *limit, control.MaxEventsList)
 	}
 	c, err := g.connect()
 	if err != nil {
@@ -331,7 +331,7 @@ func runEvents(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr
 	}
 	if g.output == outputJSON {
 		if events == nil {
-			events = []fleet.Event{}
+			events = []control.Event{}
 		}
 		return writeJSON(stdout, events)
 	}
@@ -354,12 +354,12 @@ func followEvents(ctx context.Context, g *ctlGlobals, c *control.Client, limit i
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithCancel(ctx)
-	stream := make(chan fleet.Event)
+	stream := make(chan control.Event)
 	done := make(chan struct{})
 	var streamErr error // read after done is closed
 	go func() {
 		defer close(done)
-		streamErr = c.FollowEvents(ctx, func(e fleet.Event) error {
+		streamErr = c.FollowEvents(ctx, func(e control.Event) error {
 			select {
 			case stream <- e:
 				return nil
@@ -381,7 +381,7 @@ func followEvents(ctx context.Context, g *ctlGlobals, c *control.Client, limit i
 		return fmt.Errorf("ctl events: %w", g.explain(err))
 	}
 	var last uint64 // the highest sequence printed
-	emit := func(e fleet.Event) error {
+	emit := func(e control.Event) error {
 		if e.Seq != 0 && e.Seq <= last {
 			return nil
 		}
@@ -432,8 +432,8 @@ func (g *ctlGlobals) explainStreamEnd(err error) error {
 
 // printMissed prints the events after sequence after and before sequence
 // before, which the stream started too late to carry.
-func printMissed(ctx context.Context, c *control.Client, after, before uint64, emit func(fleet.Event) error) error {
-	events, err := c.Events(ctx, fleet.MaxEventsList)
+func printMissed(ctx context.Context, c *control.Client, after, before uint64, emit func(control.Event) error) error {
+	events, err := c.Events(ctx, control.MaxEventsList)
 	if err != nil {
 		return err
 	}
@@ -468,7 +468,7 @@ func newEventWriter(w io.Writer, asJSON bool) *eventWriter {
 	return &eventWriter{w: w}
 }
 
-func (ew *eventWriter) write(e fleet.Event) error {
+func (ew *eventWriter) write(e control.Event) error {
 	if ew.json != nil {
 		return ew.json.Encode(e)
 	}
@@ -484,10 +484,10 @@ func (ew *eventWriter) write(e fleet.Event) error {
 
 func runStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, stderr io.Writer) error {
 	return showCommand(ctx, g, "ctl status", args, stdout, stderr, (*control.Client).Status,
-		func(w io.Writer, st fleet.Status, _ time.Time) error { return writeStatus(w, st) })
+		func(w io.Writer, st control.Status, _ time.Time) error { return writeStatus(w, st) })
 }
 
-func writeStatus(w io.Writer, st fleet.Status) error {
+func writeStatus(w io.Writer, st control.Status) error {
 	nats := "connected"
 	if !st.NATSConnected {
 		nats = "NOT connected: the fleet state shown may be out of date"

@@ -345,7 +345,7 @@ func TestCtlDevices(t *testing.T) {
 		t.Errorf("devices show of a device on a reaped relay =\n%s", block)
 	}
 	js, _ = f.mustCtl(t, "devices", "show", "robot-1", "-o", "json")
-	var link fleet.DeviceLink
+	var link control.DeviceLink
 	if err := json.Unmarshal([]byte(js), &link); err != nil || link.Name != "robot-1" || link.Relay == nil || link.Relay.Hostname != "edge-a" {
 		t.Errorf("devices show -o json = %s (%v)", js, err)
 	}
@@ -370,7 +370,7 @@ func TestCtlStatus(t *testing.T) {
 		t.Errorf("status =\n%s\nwant\n%s", out, want)
 	}
 	js, _ := f.mustCtl(t, "status", "-o", "json")
-	var st fleet.Status
+	var st control.Status
 	if err := json.Unmarshal([]byte(js), &st); err != nil || st.Relays != 2 || st.RelayID != "rl-0000000a" || !st.LeaseHeld {
 		t.Errorf("status -o json = %s (%v)", js, err)
 	}
@@ -395,7 +395,7 @@ func TestCtlEvents(t *testing.T) {
 		t.Errorf("events --limit 2 =\n%s\nwant\n%s", out, want)
 	}
 	js, _ := f.mustCtl(t, "events", "-o", "json")
-	var evs []fleet.Event
+	var evs []control.Event
 	if err := json.Unmarshal([]byte(js), &evs); err != nil || len(evs) != 3 || evs[0].Type != fleet.EventRelayEnrolled {
 		t.Errorf("events -o json = %s (%v)", js, err)
 	}
@@ -452,7 +452,7 @@ func TestCtlEventsFollow(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 	var msgs []string
 	for _, l := range lines {
-		var e fleet.Event
+		var e control.Event
 		if err := json.Unmarshal([]byte(l), &e); err != nil {
 			t.Fatalf("line %q is not one JSON event: %v", l, err)
 		}

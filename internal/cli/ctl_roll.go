@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/ranking"
 )
 
@@ -117,7 +116,7 @@ type roller struct {
 	o      rollOptions
 	out    *rollWriter
 	stderr io.Writer
-	state  fleet.RollState
+	state  control.RollState
 }
 
 func (r *roller) run(ctx context.Context) error {
@@ -136,7 +135,7 @@ func (r *roller) run(ctx context.Context) error {
 		r.state = *info.State
 		r.out.say("", "resume", fmt.Sprintf("resuming the roll started %s: %d of %d relays done", info.State.StartedAt.Format(time.RFC3339), len(r.state.Done), len(r.state.Order)))
 	} else {
-		r.state = fleet.RollState{StartedAt: time.Now().UTC(), By: whoAmI()}
+		r.state = control.RollState{StartedAt: time.Now().UTC(), By: whoAmI()}
 		for _, rs := range relays {
 			if rs.Fresh {
 				r.state.Order = append(r.state.Order, rs.ID)
@@ -171,28 +170,14 @@ func (r *roller) run(ctx context.Context) error {
 	return nil
 }
 
-// checkGuards asks the relays' drain guards whether relay id may be held
-// out of routing now, without holding it: it may not when it is the last
-// relay serving or when the other relays cannot take its devices. A relay
-// of an earlier version answering has no guards: the same guard is then
-// applied here, to its list of relays.
+// checkGuards asks the drain guards of the relay answering whether relay id
+// may be held out of routing now, without holding it: it may not when it is
+// the last relay serving or when the other relays cannot take its devices.
+// The guards are the server's, the same for every way of draining; the
+// roll has none of its own.
 func (r *roller) checkGuards(ctx context.Context, id string) error {
 	_, err := r.c.CheckDrain(ctx, id)
-	if !errors.Is(err, control.ErrNoDrainGuards) {
-		return r.refused(id, err)
-	}
-	relays, err := r.c.ListRelays(ctx)
-	if err != nil {
-		return r.g.explain(err)
-	}
-	refusal, _, err := control.DrainGuard(relays, id)
-	switch {
-	case err != nil:
-		return fmt.Errorf("%w: relay %s is not in the fleet any more", errRollRefused, id)
-	case refusal != "":
-		return fmt.Errorf("%w: %s", errRollRefused, refusal)
-	}
-	return nil
+	return r.refused(id, err)
 }
 
 // refused marks a drain the guards refused as errRollRefused.
@@ -225,7 +210,7 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	if before == nil {
 		return fmt.Errorf("%w: it is not in the fleet any more", errRollRefused)
 	}
-	if resumeAt == "" || resumeAt == fleet.RollHold {
+	if resumeAt == "" || resumeAt == control.RollHold {
 		if err := r.checkGuards(ctx, id); err != nil {
 			return err
 		}
@@ -236,7 +221,7 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	if _, err := r.c.SetRelayDraining(ctx, id, true); err != nil {
 		return r.refused(id, err)
 	}
-	r.out.say(id, fleet.RollHold, "held out of routing: its devices move to the other relays")
+	r.out.say(id, control.RollHold, "held out of routing: its devices move to the other relays")
 	defer func() {
 		// Release the hold whatever happened: a relay left held carries no traffic.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -248,22 +233,22 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 		r.out.say(id, "released", "back in routing")
 	}()
 	r.state.Current = id
-	if resumeAt != fleet.RollReturning {
-		r.state.Phase = fleet.RollHold
+	if resumeAt != control.RollReturning {
+		r.state.Phase = control.RollHold
 		if err := r.save(ctx); err != nil {
 			return err
 		}
 		if err := r.waitEmpty(ctx, id); err != nil {
 			return err
 		}
-		r.state.Phase, r.state.PrevStartedAt = fleet.RollUpdating, before.StartedAt
+		r.state.Phase, r.state.PrevStartedAt = control.RollUpdating, before.StartedAt
 		if err := r.save(ctx); err != nil {
 			return err
 		}
 		if err := r.update(ctx, *before); err != nil {
 			return err
 		}
-		r.state.Phase = fleet.RollReturning
+		r.state.Phase = control.RollReturning
 		if err := r.save(ctx); err != nil {
 			return err
 		}
@@ -276,7 +261,7 @@ func (r *roller) rollOne(ctx context.Context, id string) (err error) {
 	return r.save(ctx)
 }
 
-func findRelay(relays []fleet.RelayStatus, id string) *fleet.RelayStatus {
+func findRelay(relays []control.Relay, id string) *control.Relay {
 	for i := range relays {
 		if relays[i].ID == id {
 			return &relays[i]
@@ -326,13 +311,13 @@ func (r *roller) waitEmpty(ctx context.Context, id string) error {
 }
 
 // update runs the operator's update step for one relay.
-func (r *roller) update(ctx context.Context, rs fleet.RelayStatus) error {
+func (r *roller) update(ctx context.Context, rs control.Relay) error {
 	address := ""
 	if len(rs.Addresses) > 0 {
 		address = rs.Addresses[0]
 	}
 	cmdline := strings.NewReplacer("{id}", shellQuote(rs.ID), "{address}", shellQuote(address), "{hostname}", shellQuote(rs.Hostname)).Replace(r.o.updateCmd)
-	r.out.say(rs.ID, fleet.RollUpdating, "running: "+cmdline)
+	r.out.say(rs.ID, control.RollUpdating, "running: "+cmdline)
 	cmd := exec.CommandContext(ctx, "sh", "-c", cmdline)
 	// On Ctrl-C the whole step stops, not only its shell.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 )
 
 // Defaults of 'ctl secret rotate'.
@@ -37,7 +37,7 @@ func secretStatus(ctx context.Context, g *ctlGlobals, args []string, stdout, std
 	return showCommand(ctx, g, "ctl secret status", args, stdout, stderr, (*control.Client).SecretStatus, writeSecretStatus)
 }
 
-func writeSecretStatus(w io.Writer, st fleet.SecretStatus, now time.Time) error {
+func writeSecretStatus(w io.Writer, st control.SecretStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	switch rec := st.Record; {
 	case rec == nil:
@@ -129,36 +129,39 @@ type rotator struct {
 	by  string
 }
 
+// run takes the rotation's steps. Whether a step may be taken is the
+// relay's decision alone (its guards answer 409 with why): the begin step,
+// which also finds a rotation in progress, is asked every time, so that a
+// resumed rotation passes the same guards as a new one.
 func (r *rotator) run(ctx context.Context) error {
 	st, err := r.c.SecretStatus(ctx)
 	if err != nil {
 		return r.g.explain(err)
 	}
-	if err := refuseRotation(st); err != nil {
-		return err
+	info, err := r.c.BeginRotation(ctx, r.by)
+	if err != nil {
+		return r.explain(err)
 	}
-	rot := st.Record.Rotation
+	rot := info.Rotation
 	if rot == nil {
-		info, err := r.c.BeginRotation(ctx, r.by)
-		if err != nil {
-			return r.explain(err)
-		}
-		rot = info.Rotation
-		r.out.say("begin", rot, fmt.Sprintf("added the new secret %s, accepted only; relays still sign with %s", rot.To, rot.From))
-	} else {
-		r.out.say("resume", rot, fmt.Sprintf("resuming the rotation from %s to %s begun %s by %s, at phase %s", rot.From, rot.To, rot.StartedAt.Format(time.RFC3339), orDash(rot.By), rot.Phase))
+		return fmt.Errorf("%w: the relay began no rotation", errRotationRefused)
 	}
-	if rot.Phase == fleet.RotationAccept {
-		if err := r.wait(ctx, rot, "accept", func(rs fleet.RelaySecret) bool { return slices.Contains(rs.SecretAccepted, rot.To) }); err != nil {
+	if prev := st.Record; prev != nil && prev.Rotation != nil && prev.Rotation.To == rot.To {
+		r.out.say("resume", rot, fmt.Sprintf("resuming the rotation from %s to %s begun %s by %s, at phase %s", rot.From, rot.To, rot.StartedAt.Format(time.RFC3339), orDash(rot.By), rot.Phase))
+	} else {
+		r.out.say("begin", rot, fmt.Sprintf("added the new secret %s, accepted only; relays still sign with %s", rot.To, rot.From))
+	}
+	if rot.Phase == control.RotationAccept {
+		if err := r.wait(ctx, rot, "accept", func(rs control.RelaySecret) bool { return slices.Contains(rs.SecretAccepted, rot.To) }); err != nil {
 			return err
 		}
 		if _, err := r.c.SignWithNewSecret(ctx, r.by); err != nil {
 			return r.explain(err)
 		}
-		rot.Phase = fleet.RotationSign
+		rot.Phase = control.RotationSign
 		r.out.say("sign", rot, fmt.Sprintf("relays now sign with %s; %s is still accepted", rot.To, rot.From))
 	}
-	if err := r.wait(ctx, rot, "sign with", func(rs fleet.RelaySecret) bool { return rs.SecretFingerprint == rot.To }); err != nil {
+	if err := r.wait(ctx, rot, "sign with", func(rs control.RelaySecret) bool { return rs.SecretFingerprint == rot.To }); err != nil {
 		return err
 	}
 	if _, err := r.c.FinishRotation(ctx, r.by, r.o.grace); err != nil {
@@ -172,45 +175,19 @@ func (r *rotator) run(ctx context.Context) error {
 	return nil
 }
 
-// refuseRotation refuses, before anything changes, what the relays would
-// refuse: a fleet without a stored secret, relays with file-supplied
-// secrets or of earlier versions.
-func refuseRotation(st fleet.SecretStatus) error {
-	if st.Record == nil {
-		return fmt.Errorf("%w: no fleet secret is stored: the relays run from --fleet-secret-file; rotate the files instead (see docs/fleet-secret.md)", errRotationRefused)
-	}
-	var files, old []string
-	for _, rs := range st.Relays {
-		switch {
-		case !rs.Fresh:
-		case rs.SecretSource == fleet.SecretSourceFile:
-			files = append(files, rs.ID)
-		case rs.SecretFingerprint == "":
-			old = append(old, rs.ID)
-		}
-	}
-	switch {
-	case len(files) > 0:
-		return fmt.Errorf("%w: relay(s) %s run a fleet secret from --fleet-secret-file, which a rotation cannot change; rotate the file on every relay instead, or restart them without the flag (see docs/fleet-secret.md)", errRotationRefused, strings.Join(files, ", "))
-	case len(old) > 0:
-		return fmt.Errorf("%w: relay(s) %s report no fleet secret: they run an earlier version; update them first ('switchboard ctl roll')", errRotationRefused, strings.Join(old, ", "))
-	}
-	return nil
-}
-
 // explain says what to do about a failed step: a 409 is a refusal with
 // its reason.
 func (r *rotator) explain(err error) error {
 	var apiErr *control.APIError
 	if errors.As(err, &apiErr) && apiErr.Status == http.StatusConflict {
-		return fmt.Errorf("%w: %s", errRotationRefused, strings.TrimPrefix(apiErr.Message, fleet.ErrRotationRefused.Error()+": "))
+		return fmt.Errorf("%w: %s", errRotationRefused, strings.TrimPrefix(apiErr.Message, fleetsecret.ErrRotationRefused.Error()+": "))
 	}
 	return r.g.explain(err)
 }
 
 // wait polls until every fresh relay satisfies done, saying how many do
 // whenever that changes, for at most --timeout.
-func (r *rotator) wait(ctx context.Context, rot *fleet.Rotation, what string, done func(fleet.RelaySecret) bool) error {
+func (r *rotator) wait(ctx context.Context, rot *control.Rotation, what string, done func(control.RelaySecret) bool) error {
 	deadline := time.Now().Add(r.o.timeout)
 	lastDone := -1
 	for {
@@ -265,7 +242,7 @@ type rotationStep struct {
 	Message string    `json:"message"`
 }
 
-func (sw *stepWriter) say(phase string, rot *fleet.Rotation, msg string) {
+func (sw *stepWriter) say(phase string, rot *control.Rotation, msg string) {
 	step := rotationStep{Time: time.Now().UTC(), Phase: phase, From: rot.From, To: rot.To, Message: msg}
 	if sw.asJSON {
 		b, _ := json.Marshal(step)

@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 )
 
 func TestCtlSecretArgumentErrors(t *testing.T) {
@@ -26,32 +27,33 @@ func TestCtlSecretArgumentErrors(t *testing.T) {
 
 // secretFleet is a fake fleet secret: three relays that apply each step of
 // a rotation as soon as it is taken, unless lagging names one that never
-// does.
+// does. Its begin step refuses as the relays' guard does (a fresh relay
+// runs from a file), or with refusal when set.
 type secretFleet struct {
-	*fakeFleet
 	mu      sync.Mutex // guards the fields below
-	rec     fleet.SecretRecordInfo
-	relays  []fleet.RelaySecret
+	rec     fleetsecret.RecordInfo
+	relays  []fleetsecret.RelaySecret
 	lagging string
+	refusal string
 	steps   []string
 }
 
-var _ control.SecretFleet = (*secretFleet)(nil)
+var _ control.FleetSecret = (*secretFleet)(nil)
 
-func newSecretFleet(ff *fakeFleet) *secretFleet {
-	sf := &secretFleet{fakeFleet: ff, rec: fleet.SecretRecordInfo{Generation: 3, Signing: "aaaa", Secrets: []fleet.SecretInfo{{Fingerprint: "aaaa"}}, UpdatedBy: "rl-0000000a"}}
+func newSecretFleet() *secretFleet {
+	sf := &secretFleet{rec: fleetsecret.RecordInfo{Generation: 3, Signing: "aaaa", Secrets: []fleetsecret.SecretInfo{{Fingerprint: "aaaa"}}, UpdatedBy: "rl-0000000a"}}
 	for _, id := range []string{"rl-0000000a", "rl-0000000b", "rl-0000000c"} {
-		sf.relays = append(sf.relays, fleet.RelaySecret{ID: id, Fresh: true, SecretSource: fleet.SecretSourceFleet, SecretFingerprint: "aaaa", SecretAccepted: []string{"aaaa"}})
+		sf.relays = append(sf.relays, fleetsecret.RelaySecret{ID: id, Fresh: true, SecretSource: fleetsecret.SourceFleet, SecretFingerprint: "aaaa", SecretAccepted: []string{"aaaa"}})
 	}
 	return sf
 }
 
-func (s *secretFleet) SecretStatus() fleet.SecretStatus {
+func (s *secretFleet) Status() fleetsecret.Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec := s.rec
-	st := fleet.SecretStatus{RelayID: "rl-0000000a", Source: fleet.SecretSourceFleet, Record: &rec, Relays: append([]fleet.RelaySecret(nil), s.relays...),
-		Parity: fleet.SecretParity{Expected: rec.Signing, Basis: fleet.ParityRecord, Odd: []string{}, SigningFingerprints: 1}}
+	st := fleetsecret.Status{RelayID: "rl-0000000a", Source: fleetsecret.SourceFleet, Record: &rec, Relays: append([]fleetsecret.RelaySecret(nil), s.relays...),
+		Parity: fleetsecret.Parity{Expected: rec.Signing, Basis: fleetsecret.ParityRecord, Odd: []string{}, SigningFingerprints: 1}}
 	return st
 }
 
@@ -68,43 +70,64 @@ func (s *secretFleet) applyLocked() {
 	}
 }
 
-func (s *secretFleet) BeginSecretRotation(_ context.Context, by string) (fleet.SecretRecordInfo, error) {
+func (s *secretFleet) BeginRotation(_ context.Context, by string) (fleetsecret.RecordInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, r := range s.relays {
+		if r.Fresh && r.SecretSource == fleetsecret.SourceFile {
+			return fleetsecret.RecordInfo{}, fmt.Errorf("%w: relay(s) %s run a fleet secret from --fleet-secret-file, which a rotation cannot change", fleetsecret.ErrRotationRefused, r.ID)
+		}
+	}
+	if s.refusal != "" {
+		return fleetsecret.RecordInfo{}, fmt.Errorf("%w: %s", fleetsecret.ErrRotationRefused, s.refusal)
+	}
 	s.steps = append(s.steps, "begin by "+by)
 	if s.rec.Rotation == nil {
-		s.rec.Secrets = append(s.rec.Secrets, fleet.SecretInfo{Fingerprint: "bbbb"})
-		s.rec.Rotation = &fleet.Rotation{Phase: fleet.RotationAccept, From: "aaaa", To: "bbbb"}
+		s.rec.Secrets = append(s.rec.Secrets, fleetsecret.SecretInfo{Fingerprint: "bbbb"})
+		s.rec.Rotation = &fleetsecret.Rotation{Phase: fleetsecret.RotationAccept, From: "aaaa", To: "bbbb"}
 		s.applyLocked()
 	}
 	return s.rec, nil
 }
 
-func (s *secretFleet) SignWithNewSecret(context.Context, string) (fleet.SecretRecordInfo, error) {
+func (s *secretFleet) SignWithNew(context.Context, string) (fleetsecret.RecordInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.steps = append(s.steps, "sign")
 	if s.lagging != "" {
-		return s.rec, fmt.Errorf("%w: relay(s) %s do not accept the new secret bbbb yet", fleet.ErrRotationRefused, s.lagging)
+		return s.rec, fmt.Errorf("%w: relay(s) %s do not accept the new secret bbbb yet", fleetsecret.ErrRotationRefused, s.lagging)
 	}
-	s.rec.Signing, s.rec.Rotation.Phase = "bbbb", fleet.RotationSign
+	s.rec.Signing, s.rec.Rotation.Phase = "bbbb", fleetsecret.RotationSign
 	s.applyLocked()
 	return s.rec, nil
 }
 
-func (s *secretFleet) FinishSecretRotation(_ context.Context, _ string, grace time.Duration) (fleet.SecretRecordInfo, error) {
+func (s *secretFleet) FinishRotation(_ context.Context, _ string, grace time.Duration) (fleetsecret.RecordInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.steps = append(s.steps, fmt.Sprintf("finish %s", grace))
-	s.rec.Secrets, s.rec.Rotation = []fleet.SecretInfo{{Fingerprint: "bbbb"}}, nil
+	s.rec.Secrets, s.rec.Rotation = []fleetsecret.SecretInfo{{Fingerprint: "bbbb"}}, nil
 	s.applyLocked()
 	return s.rec, nil
+}
+
+// Parity is the parity Status reports.
+func (s *secretFleet) Parity() fleetsecret.Parity { return s.Status().Parity }
+
+// Report is what the answering relay reports on its beats.
+func (s *secretFleet) Report() (string, []string, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.relays[0]
+	return r.SecretFingerprint, r.SecretAccepted, r.SecretSource
 }
 
 func secretFixture(t *testing.T) (*ctlFixture, *secretFleet) {
 	t.Helper()
-	f, sf := newCtlFixture(t), newSecretFleet(newFakeFleet())
-	f.serveFleet(t, sf)
+	f, sf := newCtlFixture(t), newSecretFleet()
+	srv := httptest.NewServer(control.NewHandler(control.Config{Tokens: f.tokens, Fleet: newFakeFleet(), Secret: sf}))
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
 	return f, sf
 }
 
@@ -118,7 +141,7 @@ func TestCtlSecretStatus(t *testing.T) {
 		}
 	}
 	js, _ := f.mustCtl(t, "secret", "status", "-o", "json")
-	var st fleet.SecretStatus
+	var st control.SecretStatus
 	if err := json.Unmarshal([]byte(js), &st); err != nil || st.Record == nil || st.Record.Signing != "aaaa" || len(st.Relays) != 3 {
 		t.Fatalf("status -o json = %s (%v)", js, err)
 	}
@@ -128,7 +151,7 @@ func TestCtlSecretStatus(t *testing.T) {
 		}
 	}
 	sf.mu.Lock()
-	sf.relays[2].SecretSource = fleet.SecretSourceFile
+	sf.relays[2].SecretSource = fleetsecret.SourceFile
 	sf.mu.Unlock()
 	_, stderr, err := f.ctl(t, "secret", "rotate")
 	if !errors.Is(err, errRotationRefused) || !strings.Contains(err.Error(), "rl-0000000c run a fleet secret from --fleet-secret-file") {
@@ -168,11 +191,40 @@ func TestCtlSecretRotate(t *testing.T) {
 	}
 	// The relays' own check refuses the sign step too (409): said as such.
 	sf.mu.Lock()
-	sf.rec.Rotation.Phase = fleet.RotationAccept
+	sf.rec.Rotation.Phase = fleetsecret.RotationAccept
 	sf.relays[1].SecretAccepted = []string{"aaaa", "bbbb"}
 	sf.mu.Unlock()
 	_, _, err = f.ctl(t, "secret", "rotate", "--poll", "5ms", "--timeout", "50ms")
 	if !errors.Is(err, errRotationRefused) || !strings.Contains(err.Error(), "rotation refused: relay(s) rl-0000000b do not accept the new secret bbbb yet") {
 		t.Fatalf("a refused sign step: %v", err)
+	}
+}
+
+// TestCtlSecretRotateAsksTheRelay: a rotation in progress is resumed only
+// past the relay's guards, as a new one begins: the begin step is asked
+// every time, and its refusal stops the command before any other step.
+func TestCtlSecretRotateAsksTheRelay(t *testing.T) {
+	f, sf := secretFixture(t)
+	sf.mu.Lock()
+	sf.rec.Secrets = append(sf.rec.Secrets, fleetsecret.SecretInfo{Fingerprint: "bbbb"})
+	sf.rec.Rotation = &fleetsecret.Rotation{Phase: fleetsecret.RotationAccept, From: "aaaa", To: "bbbb"}
+	sf.applyLocked()
+	sf.refusal = "the relays cannot follow a rotation now"
+	sf.mu.Unlock()
+	_, _, err := f.ctl(t, "secret", "rotate", "--poll", "5ms", "--timeout", "50ms")
+	if !errors.Is(err, errRotationRefused) || !strings.Contains(err.Error(), "rotation refused: the relays cannot follow a rotation now") {
+		t.Fatalf("resuming past a refusing relay: %v", err)
+	}
+	if len(sf.steps) != 0 {
+		t.Fatalf("a refused rotation took steps %v", sf.steps)
+	}
+
+	// Once the relay lets it, the rotation resumes where it was.
+	sf.mu.Lock()
+	sf.refusal = ""
+	sf.mu.Unlock()
+	out, _ := f.mustCtl(t, "secret", "rotate", "--poll", "5ms")
+	if !strings.Contains(out, "resume    resuming the rotation from aaaa to bbbb") || !strings.Contains(out, "done      rotated") {
+		t.Fatalf("resumed rotation:\n%s", out)
 	}
 }

@@ -55,7 +55,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", time.Second, "on SIGTERM, keep the public listener open at least this `long` after /readyz turns false, for load balancers to notice")
 	fs.DurationVar(&cfg.DrainSpread, "drain-spread", 5*time.Second, "a drained relay asks its native agents to move over this `window`")
 	fs.DurationVar(&cfg.Fleet.LeaseTTL, "lease-ttl", fleet.DefaultLeaseTTL, "length of the housekeeping lease: another relay takes over at most this `long` plus a third after its holder dies")
-	fs.StringVar(&cfg.Fleet.SecretFile, "fleet-secret-file", "", "run the fleet secret in this `file` (first line signs, further lines accepted; base64 or hex) instead of the fleet's stored one; re-read when it changes. Every relay must agree: see docs/fleet-secret.md")
+	fs.StringVar(&cfg.FleetSecret.File, "fleet-secret-file", "", "run the fleet secret in this `file` (first line signs, further lines accepted; base64 or hex) instead of the fleet's stored one; re-read when it changes. Every relay must agree: see docs/fleet-secret.md")
 	port = fs.Int("port", 0, "alias of --listen :`PORT` (compatibility with the reference relay)")
 	fs.IntVar(&cfg.Broker.BlockSize, "block_size", 10240, "most user `bytes` handed to a long-poll agent per requeststream call")
 	fs.DurationVar(&cfg.Broker.InactiveRequestTimeout, "inactive_request_timeout", 60*time.Second, "504 when a long-poll agent sends nothing for this `long`")

@@ -2,7 +2,10 @@
 // probes, Prometheus metrics and the operator API (HTTP and JSON, behind the
 // admin bearer token), and provides the Client that the ctl command uses to
 // call that API. The operator API is the same on every relay: the state it
-// reads and changes lives in NATS, not in the relay that answers.
+// reads and changes lives in NATS, not in the relay that answers. Its JSON
+// is this package's types (contract.go), filled from the fleet's views at
+// the edge: the contract that 'switchboard ctl -o json' prints and
+// docs/cli-json.md documents.
 package control
 
 import (

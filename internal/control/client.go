@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
 
 // defaultClientTimeout bounds each call when Client.HTTPClient is nil.
@@ -32,10 +30,6 @@ type APIError struct {
 func (e *APIError) Error() string {
 	return fmt.Sprintf("%d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
 }
-
-// ErrNoDrainGuards is wrapped by CheckDrain's error when the relay
-// answering predates the drain guards, and would drain unguarded.
-var ErrNoDrainGuards = errors.New("the relay answering has no drain guards")
 
 // Client calls the operator API of a relay.
 type Client struct {
@@ -140,8 +134,8 @@ func apiError(status int, body io.Reader) error {
 
 // ListRelays returns every relay of the fleet, including those that stopped
 // beating.
-func (c *Client) ListRelays(ctx context.Context) ([]fleet.RelayStatus, error) {
-	var out []fleet.RelayStatus
+func (c *Client) ListRelays(ctx context.Context) ([]Relay, error) {
+	var out []Relay
 	err := c.do(ctx, http.MethodGet, PathRelays, nil, http.StatusOK, &out)
 	return out, err
 }
@@ -170,29 +164,24 @@ func (c *Client) DrainRelay(ctx context.Context, id string, req DrainRequest) (D
 
 // CheckDrain asks the drain guards whether the relay with the given id
 // would be drained now, changing nothing: nil, or the *APIError 409 a
-// drain would get. A relay of an earlier version, without drain guards,
-// answers 405 (ErrNoDrainGuards).
+// drain would get.
 func (c *Client) CheckDrain(ctx context.Context, id string) (DrainAnswer, error) {
 	var out DrainAnswer
 	err := c.do(ctx, http.MethodGet, PathRelays+"/"+url.PathEscape(id)+"/drain", nil, http.StatusOK, &out)
-	var apiErr *APIError
-	if errors.As(err, &apiErr) && apiErr.Status == http.StatusMethodNotAllowed {
-		return out, fmt.Errorf("%w: %w", ErrNoDrainGuards, err)
-	}
 	return out, err
 }
 
 // ListDevices returns the device directory as an admin sees it.
-func (c *Client) ListDevices(ctx context.Context) ([]fleet.DeviceStatus, error) {
-	var out []fleet.DeviceStatus
+func (c *Client) ListDevices(ctx context.Context) ([]Device, error) {
+	var out []Device
 	err := c.do(ctx, http.MethodGet, PathDevices, nil, http.StatusOK, &out)
 	return out, err
 }
 
 // Device returns one device and the relay that holds it, as an admin sees
 // them. An unknown name yields an *APIError with Status 404.
-func (c *Client) Device(ctx context.Context, name string) (fleet.DeviceLink, error) {
-	var out fleet.DeviceLink
+func (c *Client) Device(ctx context.Context, name string) (DeviceLink, error) {
+	var out DeviceLink
 	err := c.do(ctx, http.MethodGet, PathDevices+"/"+url.PathEscape(name), nil, http.StatusOK, &out)
 	return out, err
 }
@@ -206,15 +195,15 @@ func (c *Client) CancelDevice(ctx context.Context, name string) (CancelAnswer, e
 }
 
 // Events returns the last limit events, oldest first.
-func (c *Client) Events(ctx context.Context, limit int) ([]fleet.Event, error) {
-	var out []fleet.Event
+func (c *Client) Events(ctx context.Context, limit int) ([]Event, error) {
+	var out []Event
 	err := c.do(ctx, http.MethodGet, PathEvents+"?limit="+strconv.Itoa(limit), nil, http.StatusOK, &out)
 	return out, err
 }
 
 // FollowEvents calls fn with each event recorded from now on until ctx ends,
 // the connection breaks or fn fails. It returns nil when ctx ends.
-func (c *Client) FollowEvents(ctx context.Context, fn func(fleet.Event) error) error {
+func (c *Client) FollowEvents(ctx context.Context, fn func(Event) error) error {
 	req, err := c.newRequest(ctx, http.MethodGet, PathEvents+"?follow=1", nil)
 	if err != nil {
 		return err
@@ -234,7 +223,7 @@ func (c *Client) FollowEvents(ctx context.Context, fn func(fleet.Event) error) e
 	}
 	dec := json.NewDecoder(resp.Body)
 	for {
-		var e fleet.Event
+		var e Event
 		if err := dec.Decode(&e); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -248,8 +237,8 @@ func (c *Client) FollowEvents(ctx context.Context, fn func(fleet.Event) error) e
 }
 
 // Status returns the fleet summary of the relay answering.
-func (c *Client) Status(ctx context.Context) (fleet.Status, error) {
-	var out fleet.Status
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var out Status
 	err := c.do(ctx, http.MethodGet, PathStatus, nil, http.StatusOK, &out)
 	return out, err
 }
@@ -267,7 +256,7 @@ func (c *Client) SetRollEnabled(ctx context.Context, on bool) error {
 }
 
 // SaveRoll records the roll in progress.
-func (c *Client) SaveRoll(ctx context.Context, s fleet.RollState) error {
+func (c *Client) SaveRoll(ctx context.Context, s RollState) error {
 	return c.do(ctx, http.MethodPut, PathRoll+"/state", s, http.StatusNoContent, nil)
 }
 

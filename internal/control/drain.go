@@ -142,8 +142,7 @@ func (h *handler) setDraining(ctx context.Context, id string, draining bool, req
 
 // drainRelay answers POST /api/v1/relays/{id}/drain and /undrain, and, with
 // check, GET /api/v1/relays/{id}/drain: would the drain be done now? A
-// rolling update asks this before it starts. (A relay of an earlier version
-// has no drain guards and answers that GET 405.)
+// rolling update asks this before it holds each relay.
 func (h *handler) drainRelay(draining, check bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req DrainRequest

@@ -22,11 +22,16 @@ const (
 	PathRoll    = "/api/v1/roll"    // GET; PUT /enabled; PUT, DELETE /state
 )
 
-// DefaultEventsLimit is how many events GET /api/v1/events returns by default.
-const DefaultEventsLimit = 100
+// DefaultEventsLimit is how many events GET /api/v1/events returns by
+// default, and MaxEventsList the most it returns.
+const (
+	DefaultEventsLimit = 100
+	MaxEventsList      = fleet.MaxEventsList
+)
 
 // Fleet is the fleet state the operator API reads and changes; a
-// *fleet.Member implements it.
+// *fleet.Member implements it. Its views are fleet's own: the handlers
+// answer with this package's types (contract.go), filled from them.
 type Fleet interface {
 	Relays() []fleet.RelayStatus
 	Relay(id string) (fleet.RelayStatus, error)
@@ -50,7 +55,7 @@ type RollInfo struct {
 	// Enabled says whether the fleet's owner allows rolling updates.
 	Enabled bool `json:"enabled"`
 	// State is the roll in progress; null when there is none.
-	State *fleet.RollState `json:"state"`
+	State *RollState `json:"state"`
 }
 
 // RollSwitch is the body of PUT /api/v1/roll/enabled.
@@ -108,7 +113,7 @@ func (h *handler) fleetOnlyP(next principalHandler) principalHandler {
 }
 
 func (h *handler) listRelays(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, h.cfg.Fleet.Relays())
+	writeJSON(w, http.StatusOK, relaysFrom(h.cfg.Fleet.Relays()))
 }
 
 func (h *handler) showRelay(w http.ResponseWriter, r *http.Request) {
@@ -117,13 +122,13 @@ func (h *handler) showRelay(w http.ResponseWriter, r *http.Request) {
 		writeFleetError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, rs)
+	writeJSON(w, http.StatusOK, relayFrom(rs))
 }
 
 func (h *handler) listDevices(w http.ResponseWriter, _ *http.Request, p auth.Principal) {
 	all := h.cfg.Fleet.Devices()
 	if p.Kind == auth.KindAdmin {
-		writeJSON(w, http.StatusOK, all)
+		writeJSON(w, http.StatusOK, devicesFrom(all))
 		return
 	}
 	out := []UserDevice{}
@@ -148,7 +153,7 @@ func (h *handler) showDevice(w http.ResponseWriter, r *http.Request, p auth.Prin
 		return
 	}
 	if p.Kind == auth.KindAdmin {
-		writeJSON(w, http.StatusOK, link)
+		writeJSON(w, http.StatusOK, deviceLinkFrom(link))
 		return
 	}
 	writeJSON(w, http.StatusOK, UserDevice{Name: link.Name, State: link.State, Fresh: link.Fresh})
@@ -192,7 +197,7 @@ func (h *handler) listEvents(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "the event log cannot be read now (is NATS reachable?): "+err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, evs)
+	writeJSON(w, http.StatusOK, eventsFrom(evs))
 }
 
 // followEvents streams events as they are recorded, one JSON object per
@@ -205,7 +210,7 @@ func (h *handler) followEvents(w http.ResponseWriter, r *http.Request) {
 	_ = rc.Flush()
 	enc := json.NewEncoder(w)
 	err := h.cfg.Fleet.FollowEvents(r.Context(), func(e fleet.Event) error {
-		if err := enc.Encode(e); err != nil {
+		if err := enc.Encode(eventFrom(e)); err != nil {
 			return err
 		}
 		return rc.Flush()
@@ -226,7 +231,12 @@ func (h *handler) getRoll(w http.ResponseWriter, r *http.Request) {
 		writeFleetError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, RollInfo{Enabled: on, State: st})
+	info := RollInfo{Enabled: on}
+	if st != nil {
+		s := rollStateFrom(*st)
+		info.State = &s
+	}
+	writeJSON(w, http.StatusOK, info)
 }
 
 func (h *handler) setRollEnabled(w http.ResponseWriter, r *http.Request) {
@@ -243,7 +253,7 @@ func (h *handler) setRollEnabled(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) saveRoll(w http.ResponseWriter, r *http.Request) {
-	var s fleet.RollState
+	var s RollState
 	if err := decodeJSON(w, r, &s); err != nil {
 		writeErr(w, err)
 		return
@@ -252,7 +262,7 @@ func (h *handler) saveRoll(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, `a roll names 1 to 1000 relays in "order"`)
 		return
 	}
-	if err := h.cfg.Fleet.SaveRoll(r.Context(), s); err != nil {
+	if err := h.cfg.Fleet.SaveRoll(r.Context(), s.toFleet()); err != nil {
 		writeFleetError(w, err)
 		return
 	}
@@ -268,7 +278,7 @@ func (h *handler) clearRoll(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, h.cfg.Fleet.Status())
+	writeJSON(w, http.StatusOK, statusFrom(h.cfg.Fleet.Status(), h.cfg.Secret))
 }
 
 func writeFleetError(w http.ResponseWriter, err error) {

@@ -45,6 +45,10 @@ type Config struct {
 	// Fleet is the fleet state behind the relays, devices, events and
 	// status endpoints. Without it they answer 503.
 	Fleet Fleet
+	// Secret is the relay's fleet secret, which GET /api/v1/secret shows,
+	// the rotation steps change and /api/v1/status summarises. Optional:
+	// without it those paths answer 503, and the status has no secret.
+	Secret FleetSecret
 	// Codes issues single-use access codes (POST /api/v1/codes) for the
 	// calling user or admin; nil answers 503.
 	Codes CodeIssuer

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 )
 
 // Paths of the fleet secret part of the operator API.
@@ -23,16 +23,19 @@ const (
 // rotation.
 const MaxRotationGrace = 30 * 24 * time.Hour
 
-// SecretFleet is the fleet secret the operator API reads and rotates; a
-// *fleet.Member implements it. A Config.Fleet without it answers 503 here.
-type SecretFleet interface {
-	SecretStatus() fleet.SecretStatus
-	BeginSecretRotation(ctx context.Context, by string) (fleet.SecretRecordInfo, error)
-	SignWithNewSecret(ctx context.Context, by string) (fleet.SecretRecordInfo, error)
-	FinishSecretRotation(ctx context.Context, by string, grace time.Duration) (fleet.SecretRecordInfo, error)
+// FleetSecret is the fleet secret the operator API reads and rotates; a
+// *fleetsecret.Keeper implements it. Without one (Config.Secret nil) the
+// paths under PathSecret answer 503.
+type FleetSecret interface {
+	Status() fleetsecret.Status
+	Parity() fleetsecret.Parity
+	Report() (fingerprint string, accepted []string, source string)
+	BeginRotation(ctx context.Context, by string) (fleetsecret.RecordInfo, error)
+	SignWithNew(ctx context.Context, by string) (fleetsecret.RecordInfo, error)
+	FinishRotation(ctx context.Context, by string, grace time.Duration) (fleetsecret.RecordInfo, error)
 }
 
-var _ SecretFleet = (*fleet.Member)(nil)
+var _ FleetSecret = (*fleetsecret.Keeper)(nil)
 
 // RotationStep is the body of the POSTs under PathRotation.
 type RotationStep struct {
@@ -51,10 +54,10 @@ func (h *handler) routeSecret(mux *http.ServeMux) {
 }
 
 // secretOnly answers 503 when the relay has no fleet secret to show.
-func (h *handler) secretOnly(next func(http.ResponseWriter, *http.Request, SecretFleet)) http.HandlerFunc {
+func (h *handler) secretOnly(next func(http.ResponseWriter, *http.Request, FleetSecret)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		sf, ok := h.cfg.Fleet.(SecretFleet)
-		if !ok {
+		sf := h.cfg.Secret
+		if sf == nil {
 			writeError(w, http.StatusServiceUnavailable, "the fleet secret is not available on this relay")
 			return
 		}
@@ -62,12 +65,12 @@ func (h *handler) secretOnly(next func(http.ResponseWriter, *http.Request, Secre
 	}
 }
 
-func (h *handler) secretStatus(w http.ResponseWriter, _ *http.Request, sf SecretFleet) {
-	writeJSON(w, http.StatusOK, sf.SecretStatus())
+func (h *handler) secretStatus(w http.ResponseWriter, _ *http.Request, sf FleetSecret) {
+	writeJSON(w, http.StatusOK, secretStatusFrom(sf.Status()))
 }
 
-func (h *handler) rotationStep(step string) func(http.ResponseWriter, *http.Request, SecretFleet) {
-	return func(w http.ResponseWriter, r *http.Request, sf SecretFleet) {
+func (h *handler) rotationStep(step string) func(http.ResponseWriter, *http.Request, FleetSecret) {
+	return func(w http.ResponseWriter, r *http.Request, sf FleetSecret) {
 		var req RotationStep
 		if err := decodeJSON(w, r, &req); err != nil {
 			writeErr(w, err)
@@ -81,17 +84,17 @@ func (h *handler) rotationStep(step string) func(http.ResponseWriter, *http.Requ
 		if req.By == "" {
 			req.By = "an operator"
 		}
-		var info fleet.SecretRecordInfo
+		var info fleetsecret.RecordInfo
 		var err error
 		switch step {
 		case "begin":
-			info, err = sf.BeginSecretRotation(r.Context(), req.By)
+			info, err = sf.BeginRotation(r.Context(), req.By)
 		case "sign":
-			info, err = sf.SignWithNewSecret(r.Context(), req.By)
+			info, err = sf.SignWithNew(r.Context(), req.By)
 		default:
-			info, err = sf.FinishSecretRotation(r.Context(), req.By, grace)
+			info, err = sf.FinishRotation(r.Context(), req.By, grace)
 		}
-		if errors.Is(err, fleet.ErrRotationRefused) {
+		if errors.Is(err, fleetsecret.ErrRotationRefused) {
 			writeError(w, http.StatusConflict, err.Error())
 			return
 		}
@@ -100,36 +103,36 @@ func (h *handler) rotationStep(step string) func(http.ResponseWriter, *http.Requ
 			writeFleetError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, info)
+		writeJSON(w, http.StatusOK, secretRecordFrom(info))
 	}
 }
 
 // SecretStatus returns the fleet secret's status as the relay answering
 // sees it.
-func (c *Client) SecretStatus(ctx context.Context) (fleet.SecretStatus, error) {
-	var out fleet.SecretStatus
+func (c *Client) SecretStatus(ctx context.Context) (SecretStatus, error) {
+	var out SecretStatus
 	err := c.do(ctx, http.MethodGet, PathSecret, nil, http.StatusOK, &out)
 	return out, err
 }
 
 // BeginRotation adds a new secret, accepted only, or finds the rotation in
 // progress. A refusal is an *APIError with Status 409.
-func (c *Client) BeginRotation(ctx context.Context, by string) (fleet.SecretRecordInfo, error) {
-	var out fleet.SecretRecordInfo
+func (c *Client) BeginRotation(ctx context.Context, by string) (SecretRecord, error) {
+	var out SecretRecord
 	err := c.do(ctx, http.MethodPost, PathRotation, RotationStep{By: by}, http.StatusOK, &out)
 	return out, err
 }
 
 // SignWithNewSecret makes the rotation's new secret the signing one.
-func (c *Client) SignWithNewSecret(ctx context.Context, by string) (fleet.SecretRecordInfo, error) {
-	var out fleet.SecretRecordInfo
+func (c *Client) SignWithNewSecret(ctx context.Context, by string) (SecretRecord, error) {
+	var out SecretRecord
 	err := c.do(ctx, http.MethodPost, PathRotation+"/sign", RotationStep{By: by}, http.StatusOK, &out)
 	return out, err
 }
 
 // FinishRotation drops the old secret, or keeps it accepted for grace.
-func (c *Client) FinishRotation(ctx context.Context, by string, grace time.Duration) (fleet.SecretRecordInfo, error) {
-	var out fleet.SecretRecordInfo
+func (c *Client) FinishRotation(ctx context.Context, by string, grace time.Duration) (SecretRecord, error) {
+	var out SecretRecord
 	err := c.do(ctx, http.MethodPost, PathRotation+"/finish", RotationStep{By: by, GraceSeconds: int64(grace / time.Second)}, http.StatusOK, &out)
 	return out, err
 }

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,11 +60,10 @@ type Config struct {
 	// third of it, so another node takes over at most LeaseTTL plus a third
 	// after its holder dies. Default 3 s.
 	LeaseTTL time.Duration
-	// SecretFile, if set, is a file holding the fleet secret this relay
-	// runs instead of the stored one (--fleet-secret-file): the first
-	// secret signs, the others are accepted. It is read again when its
-	// content changes. Default: the fleet's stored secret, followed live.
-	SecretFile string
+	// Secret is the fleet secret this relay runs (package fleetsecret),
+	// reported on each heartbeat and kept in step with the relay set and
+	// housekeeping. Default: none, reported as none.
+	Secret Secret
 	// Local reports this relay's own state. Required.
 	Local Local
 	// OnShouldDrain is called when the stored drain flag of this relay
@@ -128,7 +128,37 @@ func (c *Config) Complete() {
 	if c.OnSendBack == nil {
 		c.OnSendBack = func(string, string) {}
 	}
+	if c.Secret == nil {
+		c.Secret = noSecret{}
+	}
 }
+
+// Secret is the fleet secret a relay runs, as its Member needs it: what
+// each heartbeat reports, and the calls that keep it in step with the
+// fleet state. Package fleetsecret's Keeper implements it.
+type Secret interface {
+	// Report returns what a heartbeat says of the secret: the fingerprint
+	// the relay signs with, those it accepts (the signing one first), and
+	// where they come from ("fleet" or "file").
+	Report() (fingerprint string, accepted []string, source string)
+	// RelaysChanged is called after each change of the relay set. It must
+	// not block.
+	RelaysChanged()
+	// Sweep is called by the housekeeping lease holder after each of its
+	// sweeps; taken is true on the first since it took the lease.
+	Sweep(ctx context.Context, taken bool)
+	// Resync is called whenever the member reads the fleet state again
+	// from NATS: after a reconnect, and when NATS is reachable again.
+	Resync()
+}
+
+// noSecret is the Secret of a Member configured without one.
+type noSecret struct{}
+
+func (noSecret) Report() (string, []string, string) { return "", nil, "" }
+func (noSecret) RelaysChanged()                     {}
+func (noSecret) Sweep(context.Context, bool)        {}
+func (noSecret) Resync()                            {}
 
 // Validate rejects a configuration that cannot work.
 func (c *Config) Validate() error {

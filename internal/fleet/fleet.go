@@ -61,7 +61,7 @@ type Relay struct {
 	// SecretFingerprint names the fleet secret the relay signs forwards
 	// with, SecretAccepted every one it accepts (the signing one first), and
 	// SecretSource where it gets them: "fleet" (the stored record) or "file"
-	// (--fleet-secret-file). Relays of earlier versions report none.
+	// (--fleet-secret-file).
 	SecretFingerprint string   `json:"secret_fingerprint,omitempty"`
 	SecretAccepted    []string `json:"secret_accepted,omitempty"`
 	SecretSource      string   `json:"secret_source,omitempty"`

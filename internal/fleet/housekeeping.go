@@ -12,7 +12,6 @@ import (
 // housekeeping is the lease holder's memory between sweeps.
 type housekeeping struct {
 	fresh map[string]bool // each relay's freshness at the last sweep
-	odd   map[string]bool // the relays odd by secret parity at the last sweep
 }
 
 // housekeepingLoop tries for the lease every third of its length and, while
@@ -48,6 +47,7 @@ func (m *Member) housekeepOnce(ctx context.Context) {
 	}
 	if held {
 		m.sweep(ctx, time.Now())
+		m.cfg.Secret.Sweep(ctx, !was)
 	}
 }
 
@@ -64,8 +64,7 @@ func (m *Member) lastKnownFreshness() map[string]bool {
 }
 
 // sweep raises stale and fresh events, detaches the devices of lost relays,
-// reaps relays and devices abandoned for ReapAfter, raises secret parity
-// events and drops old fleet secrets whose grace ended. Every age is
+// and reaps relays and devices abandoned for ReapAfter. Every age is
 // measured in this relay's view of the fleet, not against the clock: a
 // mirror that stopped receiving (a watch that delivers nothing while writes
 // still succeed) ages nobody, so that nothing is declared stale, lost or
@@ -103,8 +102,6 @@ func (m *Member) sweep(ctx context.Context, t time.Time) {
 			m.reapDevice(ctx, d)
 		}
 	}
-	m.checkSecretParity(v)
-	m.retireSecrets(ctx, t)
 }
 
 // detachLost marks the devices of a relay stale beyond the lost window as

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchboard-relay/switchboard/internal/kvmirror"
-	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
@@ -37,12 +36,6 @@ type Member struct {
 	relays   *kvmirror.Mirror[Relay]
 	devices  *kvmirror.Mirror[Attachment]
 	events   *eventLog
-
-	secrets    *secret.Ring                   // the fleet secret this relay runs
-	secretRec  *kvmirror.Mirror[SecretRecord] // the stored fleet secret, whatever the source
-	secretKick chan struct{}                  // asks the secret loop to look now
-	secretView atomic.Pointer[secretView]     // the other relays' secrets, for routing
-	sec        secretState                    // used by the secret loop only, and Open before it
 
 	loads       relayLoads    // devices attached per relay, from the directory
 	kick        chan struct{} // asks for a reconcile of the attachments
@@ -86,22 +79,17 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		movedAway: map[string]bool{},
 		wroteAt:   map[string]time.Time{},
 		lostSince: map[string]time.Time{},
-
-		secretKick: make(chan struct{}, 1),
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
 		return nil, err
 	}
 	m.relaysKV, m.devsKV, m.leaseKV, m.fleetKV = s.relays, s.devices, s.leases, s.fleet
-	if err := m.openSecret(ctx); err != nil {
-		return nil, err
-	}
 	stream := s.events
 	m.events = newEventLog(st.JetStream(), stream, m.log)
 	m.relays = kvmirror.New(m.relaysKV, m.log, kvmirror.Config[Relay]{
 		OnChange: func() {
-			m.refreshSecretView()
+			cfg.Secret.RelaysChanged()
 			cfg.OnChange()
 		},
 		// An operator's drain (or undrain) of this relay takes effect at
@@ -122,10 +110,6 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 			}
 		},
 	})
-	m.secretRec = kvmirror.New(m.fleetKV, m.log, kvmirror.Config[SecretRecord]{
-		Keys:     []string{SecretRecordKey},
-		OnChange: m.kickSecret,
-	})
 	m.devices = kvmirror.New(m.devsKV, m.log, kvmirror.Config[Attachment]{
 		OnChange: func() {
 			m.Changed()
@@ -139,12 +123,11 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 	m.cancel = cancel
 	m.wg.Go(func() { m.relays.Run(runCtx) })
 	m.wg.Go(func() { m.devices.Run(runCtx) })
-	m.wg.Go(func() { m.secretRec.Run(runCtx) })
 	m.wg.Go(func() { m.events.run(runCtx) })
 	st.OnReconnect(func() {
 		m.relays.Resync()
 		m.devices.Resync()
-		m.secretRec.Resync()
+		cfg.Secret.Resync()
 		m.Changed()
 	})
 
@@ -163,8 +146,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("first heartbeat: %w", err)
 	}
 	m.reachable.Store(true)
-	m.refreshSecretView()
-	m.wg.Go(func() { m.secretLoop(runCtx) })
+	cfg.Secret.RelaysChanged()
 	m.wg.Go(func() { m.beatLoop(runCtx) })
 	m.wg.Go(func() { m.reconcileLoop(runCtx) })
 	m.wg.Go(func() { m.housekeepingLoop(runCtx) })
@@ -201,7 +183,7 @@ func ensureState(ctx context.Context, st *store.Store) (state, error) {
 
 // waitSynced waits until the mirrors completed their first full read.
 func (m *Member) waitSynced(ctx context.Context) error {
-	for _, ready := range []<-chan struct{}{m.relays.Ready(), m.devices.Ready(), m.secretRec.Ready()} {
+	for _, ready := range []<-chan struct{}{m.relays.Ready(), m.devices.Ready()} {
 		select {
 		case <-ready:
 		case <-ctx.Done():
@@ -321,7 +303,7 @@ func (m *Member) beatOnce(ctx context.Context) {
 		m.log.Info("fleet state reachable again; heartbeat and attachments re-published")
 		m.relays.Resync()
 		m.devices.Resync()
-		m.secretRec.Resync()
+		m.cfg.Secret.Resync()
 		m.Changed()
 	case err != nil && ctx.Err() == nil && m.reachable.Swap(false):
 		m.log.Warn("fleet state unreachable; serving what this relay already knows", "error", err)
@@ -334,12 +316,13 @@ func (m *Member) beat(ctx context.Context) error {
 	defer cancel()
 	local := m.cfg.Local
 	stopping := local.Stopping()
+	fp, accepted, source := m.cfg.Secret.Report()
 	ans, err := beat(ctx, m.relaysKV, m.cfg.RelayID, Report{
 		Hostname: m.cfg.Hostname, Region: m.cfg.Region, Addresses: m.cfg.Addresses,
 		Version: m.cfg.Version, Healthy: local.Healthy(), Stopping: stopping,
 		ForwardSessions: len(local.Presence()), MaxForward: m.cfg.MaxForward,
 		AgentSessions: local.AgentSessions(), StartedAt: m.started,
-		SecretFingerprint: m.secrets.Fingerprint(), SecretAccepted: m.secrets.Accepted(), SecretSource: m.SecretSource(),
+		SecretFingerprint: fp, SecretAccepted: accepted, SecretSource: source,
 	}, m.cfg.BeatInterval)
 	if err != nil {
 		return err

@@ -5,7 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // RegisterMetrics registers gauges of the fleet as this relay sees it. One
 // Status is taken per scrape, whatever the number of gauges.
 func (m *Member) RegisterMetrics(reg prometheus.Registerer) {
-	reg.MustRegister(&statusCollector{m: m}, &secretCollector{m: m})
+	reg.MustRegister(&statusCollector{m: m})
 }
 
 // statusGauge is one metric drawn from a Status.

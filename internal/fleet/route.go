@@ -1,13 +1,8 @@
 package fleet
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchboard-relay/switchboard/internal/ranking"
 )
@@ -131,32 +126,8 @@ func (m *Member) Ranked(device, region string, vetoed func(id string) bool) []Ta
 	return out
 }
 
-// secretKey is the key of the raw peer secret of earlier versions in
-// BucketFleet; the fleet secret is the SecretRecord under SecretRecordKey.
-const secretKey = "peer_secret"
-
 // BucketFleet holds fleet-wide settings: the fleet secret, rolling updates.
 const BucketFleet = "switchboard_fleet"
-
-// legacyPeerSecret returns the raw peer secret that relays of earlier
-// versions read at start, creating it on first use; the first relay to
-// create it wins and every relay reads the same one. The fleet secret
-// record adopts it (loadSecretRecord).
-func legacyPeerSecret(ctx context.Context, kv jetstream.KeyValue, fresh func() []byte) ([]byte, error) {
-	for range maxAttempts {
-		e, err := kv.Get(ctx, secretKey)
-		if err == nil {
-			return e.Value(), nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, fmt.Errorf("reading the peer secret: %w", err)
-		}
-		if _, err := kv.Create(ctx, secretKey, fresh()); err != nil && !isConflict(err) {
-			return nil, fmt.Errorf("creating the peer secret: %w", err)
-		}
-	}
-	return nil, fmt.Errorf("peer secret: %w", ErrConflict)
-}
 
 // relayLoads counts, per relay, the devices the directory has attached to
 // it (with agents), kept current by the directory mirror so that placing a

@@ -8,31 +8,32 @@ import (
 	"time"
 )
 
-// RelayStatus is a relay as the operator API shows it: its record, with
-// freshness computed at read time, never stored.
+// RelayStatus is a relay as this member sees it: its record, with
+// freshness computed at read time, never stored. The operator API's JSON
+// of it is package control's Relay.
 type RelayStatus struct {
-	ID              string    `json:"id"`
-	Hostname        string    `json:"hostname"`
-	Region          string    `json:"region"`
-	Addresses       []string  `json:"addresses"`
-	Version         string    `json:"version"`
-	Healthy         bool      `json:"healthy"`
-	Fresh           bool      `json:"fresh"`
-	Draining        bool      `json:"draining"`
-	Stopping        bool      `json:"stopping"`
-	LastSeenAt      time.Time `json:"last_seen_at"`
-	EnrolledAt      time.Time `json:"enrolled_at"`
-	StartedAt       time.Time `json:"started_at"`
-	ForwardSessions int       `json:"forward_sessions"`
-	MaxForward      int       `json:"max_forward"`
-	AgentSessions   int       `json:"agent_sessions"`
-	AttachedDevices int       `json:"attached_devices"`
+	ID              string
+	Hostname        string
+	Region          string
+	Addresses       []string
+	Version         string
+	Healthy         bool
+	Fresh           bool
+	Draining        bool
+	Stopping        bool
+	LastSeenAt      time.Time
+	EnrolledAt      time.Time
+	StartedAt       time.Time
+	ForwardSessions int
+	MaxForward      int
+	AgentSessions   int
+	AttachedDevices int
 	// SecretFingerprint names the fleet secret the relay signs with,
-	// SecretAccepted those it accepts, SecretSource "fleet" or "file";
-	// empty for relays of earlier versions.
-	SecretFingerprint string   `json:"secret_fingerprint"`
-	SecretAccepted    []string `json:"secret_accepted"`
-	SecretSource      string   `json:"secret_source"`
+	// SecretAccepted those it accepts, SecretSource "fleet" or "file", as
+	// its last heartbeat reported them.
+	SecretFingerprint string
+	SecretAccepted    []string
+	SecretSource      string
 }
 
 // Device states.
@@ -42,22 +43,23 @@ const (
 	StateStale   = "stale"   // attached to a relay that stopped beating
 )
 
-// DeviceStatus is a device's directory entry as an admin sees it.
+// DeviceStatus is a device's directory entry as this member sees it. The
+// operator API's JSON of it is package control's Device.
 type DeviceStatus struct {
-	Name       string    `json:"name"`
-	RelayID    string    `json:"relay_id"`
-	AttachedAt time.Time `json:"attached_at"`
-	Agents     int       `json:"agents"`
-	Protocol   string    `json:"protocol"`
-	Fresh      bool      `json:"fresh"`
-	State      string    `json:"state"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	Name       string
+	RelayID    string
+	AttachedAt time.Time
+	Agents     int
+	Protocol   string
+	Fresh      bool
+	State      string
+	UpdatedAt  time.Time
 }
 
 // DeviceLink is the relay side of a device's path, as an admin sees it.
 type DeviceLink struct {
 	DeviceStatus
-	Relay *RelayStatus `json:"relay"` // nil when the relay is no longer known
+	Relay *RelayStatus // nil when the relay is no longer known
 }
 
 // Relays returns every known relay, including those that stopped beating,
@@ -163,33 +165,27 @@ func (m *Member) FollowEvents(ctx context.Context, fn func(Event) error) error {
 	return m.events.follow(ctx, fn)
 }
 
-// Status is a summary of the fleet as this relay sees it.
+// Status is a summary of the fleet as this relay sees it. The operator
+// API's JSON of it is package control's Status.
 type Status struct {
-	RelayID        string `json:"relay_id"`
-	NATSConnected  bool   `json:"nats_connected"`
-	LeaseHeld      bool   `json:"housekeeping_lease"`
-	ShouldDrain    bool   `json:"draining"`
-	Relays         int    `json:"relays"`
-	FreshRelays    int    `json:"fresh_relays"`
-	DrainingRelays int    `json:"draining_relays"`
-	Devices        int    `json:"devices"`
-	OnlineDevices  int    `json:"online_devices"`
+	RelayID        string
+	NATSConnected  bool
+	LeaseHeld      bool
+	ShouldDrain    bool
+	Relays         int
+	FreshRelays    int
+	DrainingRelays int
+	Devices        int
+	OnlineDevices  int
 	// DevicesHere counts the devices the directory places on this relay
 	// with agents: what an autoscaler weighs a relay by.
-	DevicesHere   int   `json:"devices_here"`
-	EventsDropped int64 `json:"events_dropped"`
+	DevicesHere   int
+	EventsDropped int64
 	// ViewAgeMS is how far behind now this relay's view of the relay set
 	// is: 0 while its own heartbeats come back through its watch, growing
 	// while NATS is away or takes no writes. Freshness is judged at the
 	// moment the view was current (docs/design/fleet-state.md).
-	ViewAgeMS int64 `json:"view_age_ms"`
-	// SecretFingerprint names the fleet secret this relay signs with, and
-	// SecretSource says where it comes from ("fleet" or "file").
-	SecretFingerprint string `json:"secret_fingerprint"`
-	SecretSource      string `json:"secret_source"`
-	// SecretMismatch lists the fresh relays that run another fleet secret
-	// than the fleet (SecretParity): [] when none.
-	SecretMismatch []string `json:"secret_mismatch"`
+	ViewAgeMS int64
 }
 
 // Status summarises the fleet as this relay sees it.
@@ -198,9 +194,6 @@ func (m *Member) Status() Status {
 		RelayID: m.cfg.RelayID, NATSConnected: m.st.Connected() && m.reachable.Load(),
 		LeaseHeld: m.leaseHeld.Load(), ShouldDrain: m.shouldDrain.Load(),
 		EventsDropped: m.events.dropped.Load(),
-
-		SecretFingerprint: m.secrets.Fingerprint(), SecretSource: m.SecretSource(),
-		SecretMismatch: m.SecretParity().Odd,
 	}
 	// Counted in place: a scrape of /metrics asks for this, and the sorted
 	// lists of Relays and Devices would cost it a copy of the directory.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 )
@@ -47,7 +48,7 @@ func TestFleetDirectoryAcrossRelays(t *testing.T) {
 
 	for _, r := range relays {
 		Eventually(t, 10*time.Second, func() error {
-			var rs []fleet.RelayStatus
+			var rs []control.Relay
 			if _, err := getJSON(c, r.AdminURL+"/api/v1/relays", r.AdminToken, &rs); err != nil {
 				return err
 			}
@@ -63,7 +64,7 @@ func TestFleetDirectoryAcrossRelays(t *testing.T) {
 	want := holder.Node.Fleet().ID()
 	for _, r := range relays {
 		Eventually(t, 10*time.Second, func() error {
-			var d fleet.DeviceLink
+			var d control.DeviceLink
 			if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/robot-1", r.AdminToken, &d); err != nil {
 				return err
 			}
@@ -80,12 +81,12 @@ func TestFleetDirectoryAcrossRelays(t *testing.T) {
 	// The native agent leaves: one agent, long-poll, still online.
 	native.Stop()
 	Eventually(t, 10*time.Second, func() error {
-		var d fleet.DeviceLink
+		var d control.DeviceLink
 		if _, err := getJSON(c, relays[2].AdminURL+"/api/v1/devices/robot-1", relays[2].AdminToken, &d); err != nil {
 			return err
 		}
 		if d.Agents != 1 || d.Protocol != "longpoll" {
-			return fmt.Errorf("robot-1 = %+v", d.DeviceStatus)
+			return fmt.Errorf("robot-1 = %+v", d.Device)
 		}
 		return nil
 	})
@@ -107,7 +108,7 @@ func TestDeviceVisibility(t *testing.T) {
 	StartAgent(t, robotHolder, "robot-1", backend.URL, robotHolder.Token(t, auth.KindAgent, "", "robot-1"))
 	StartAgent(t, labHolder, "lab-1", backend.URL, labHolder.Token(t, auth.KindAgent, "", "lab-1"))
 	Eventually(t, 10*time.Second, func() error {
-		var ds []fleet.DeviceStatus
+		var ds []control.Device
 		if _, err := getJSON(c, r.AdminURL+"/api/v1/devices", r.AdminToken, &ds); err != nil {
 			return err
 		}
@@ -145,7 +146,7 @@ func TestDeviceVisibility(t *testing.T) {
 		}
 	}
 	// The admin sees the relay behind it.
-	var link fleet.DeviceLink
+	var link control.DeviceLink
 	if _, err := getJSON(c, r.AdminURL+"/api/v1/devices/lab-1", r.AdminToken, &link); err != nil || link.Relay == nil || link.Relay.ID != link.RelayID || link.Relay.Hostname == "" || len(link.Relay.Addresses) == 0 {
 		t.Errorf("admin show lab-1: %+v, %v", link, err)
 	}

@@ -23,7 +23,9 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/cli"
+	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/secret"
@@ -159,10 +161,10 @@ func TestSecretRotationResumes(t *testing.T) {
 	to := rotationSteps(t, w.buf.String())[0].To
 
 	// Another relay sees the record as its watch delivers it.
-	var st fleet.SecretStatus
+	var st control.SecretStatus
 	Eventually(t, 5*time.Second, func() error {
 		code, out, stderr := ctl(t.Context(), relays[1], "secret", "status", "-o", "json")
-		st = fleet.SecretStatus{}
+		st = control.SecretStatus{}
 		if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
 			t.Fatalf("status: exit %d, %v, %s", code, err, stderr)
 		}
@@ -217,7 +219,7 @@ func writeSecretFile(t *testing.T, path string, secrets ...[]byte) {
 }
 
 // storedSecret reads the fleet's stored secret record from NATS.
-func storedSecret(t *testing.T, natsURL string) fleet.SecretRecord {
+func storedSecret(t *testing.T, natsURL string) fleetsecret.Record {
 	t.Helper()
 	st, err := store.Open(t.Context(), store.Config{URLs: []string{natsURL}})
 	if err != nil {
@@ -228,11 +230,11 @@ func storedSecret(t *testing.T, natsURL string) fleet.SecretRecord {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := kv.Get(t.Context(), fleet.SecretRecordKey)
+	e, err := kv.Get(t.Context(), fleetsecret.RecordKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec fleet.SecretRecord
+	var rec fleetsecret.Record
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +271,7 @@ func TestSecretMismatch(t *testing.T) {
 	path := secretFile(t, secret.New())
 	odd := StartRelay(t, FastFleet, func(c *node.Config) {
 		c.NATS = []string{natsURL}
-		c.Fleet.SecretFile = path
+		c.FleetSecret.File = path
 		c.Broker.NoAgentGrace = 300 * time.Millisecond
 	})
 	all := append(slices.Clone(relays), odd)
@@ -308,7 +310,7 @@ func TestSecretMismatch(t *testing.T) {
 		t.Errorf("ctl status:\n%s", out)
 	}
 	code, out, _ = ctl(t.Context(), relays[0], "relays", "list", "-o", "json")
-	var list []fleet.RelayStatus
+	var list []control.Relay
 	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list) != 3 {
 		t.Fatalf("relays list: %v\n%s", err, out)
 	}
@@ -328,7 +330,7 @@ func TestSecretMismatch(t *testing.T) {
 
 	// An agent arriving at the odd relay is sent to a relay in parity.
 	Eventually(t, 5*time.Second, func() error {
-		if !odd.Node.Fleet().SecretOdd(oddID) {
+		if !odd.Node.FleetSecret().Odd(oddID) {
 			return errors.New("the odd relay does not know it yet")
 		}
 		return nil
@@ -429,27 +431,24 @@ func secretGet(t *testing.T, r *Relay, user string) int {
 	return resp.StatusCode
 }
 
-// TestLegacyPeerSecretFleet starts a fleet whose NATS holds only the
-// "peer_secret" of an earlier version: the relays adopt it, and a forward
-// signed as such a version signs it (v1, the raw secret) is still taken,
-// so that a rolling update from it drops nothing.
-func TestLegacyPeerSecretFleet(t *testing.T) {
+// TestV1ForwardRefused: a forward signed in the raw-secret v1 form of
+// builds that never shipped is refused, even with the fleet's own secret;
+// forwards between the relays, signed v2, are taken.
+func TestV1ForwardRefused(t *testing.T) {
 	st, err := store.Open(t.Context(), store.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	kv, err := st.KeyValue(t.Context(), fleet.BucketFleet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := secret.New()
-	if _, err := kv.Put(t.Context(), "peer_secret", old); err != nil {
-		t.Fatal(err)
-	}
 	join := func(c *node.Config) { c.NATS = []string{st.ClientURL()} }
 	relays := []*Relay{StartRelay(t, FastFleet, join), StartRelay(t, FastFleet, join)}
-	waitSecrets(t, relays, "run the old peer_secret", func(s string, _ []string) bool { return s == secret.Fingerprint(old) })
+	rec := storedSecret(t, st.ClientURL())
+	var raw []byte
+	for _, s := range rec.Secrets {
+		if s.Fingerprint == rec.Signing {
+			raw = s.Secret
+		}
+	}
 
 	holder, others := HolderFor(t, relays, "dev")
 	b := newBackend(t, "b1")
@@ -457,11 +456,10 @@ func TestLegacyPeerSecretFleet(t *testing.T) {
 	waitHolder(t, relays, "dev", holder)
 	user := FleetToken(t, relays, auth.KindUser, "alice", "dev")
 	if code := secretGet(t, others[0], user); code != http.StatusOK {
-		t.Fatalf("a forward between relays of this version: %d", code)
+		t.Fatalf("a forward between the relays: %d", code)
 	}
-	// A forward from a relay of the earlier version.
 	ts := time.Now().Unix()
-	m := hmac.New(sha256.New, old)
+	m := hmac.New(sha256.New, raw)
 	fmt.Fprintf(m, "v1\n%s\n%d\n%s", "rl-0dd0dd00", ts, "dev")
 	req, _ := http.NewRequest(http.MethodGet, holder.URL+"/client/dev/echo/old", nil)
 	req.Header.Set(peer.Header, fmt.Sprintf("v1 rl-0dd0dd00 %d %s", ts, hex.EncodeToString(m.Sum(nil))))
@@ -471,7 +469,7 @@ func TestLegacyPeerSecretFleet(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("a v1 forward: %s", resp.Status)
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a v1 forward: %s, want 401", resp.Status)
 	}
 }

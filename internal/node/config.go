@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
@@ -91,6 +92,10 @@ type Config struct {
 	// Fleet holds the heartbeat, freshness, lease and reaping settings; the
 	// node fills in the relay's identity. See fleet.Config.
 	Fleet fleet.Config
+	// FleetSecret says where the fleet secret comes from: the fleet's
+	// stored one by default, or a file. The node fills in the relay's id
+	// and the beat interval. See fleetsecret.Config.
+	FleetSecret fleetsecret.Config
 	// AllowAnonymousUsers lets users in without a token. Default off.
 	AllowAnonymousUsers bool
 	// AllowAnonymousAgents lets agents serve any device without a token.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 )
 
 // local is the relay's own state as its fleet member reports it.
@@ -65,11 +66,18 @@ func (n *Node) loadRelayID() error {
 	return nil
 }
 
-// openFleet enrols the relay and starts its fleet member.
+// openFleet loads the fleet secret, enrols the relay and starts its fleet
+// member, and then the keeper of the secret beside it.
 func (n *Node) openFleet(ctx context.Context) error {
 	var err error
 	host, _ := os.Hostname()
+	sc := n.cfg.FleetSecret
+	sc.RelayID, sc.Interval, sc.Logger = n.relayID, n.cfg.Fleet.BeatInterval, n.log
+	if n.fleetSecret, err = fleetsecret.Open(ctx, n.store, sc); err != nil {
+		return fmt.Errorf("join the fleet state: %w", err)
+	}
 	fc := n.cfg.Fleet
+	fc.Secret = n.fleetSecret
 	fc.RelayID, fc.Hostname, fc.Region, fc.Version = n.relayID, host, n.cfg.Region, n.cfg.Version
 	fc.Addresses = []string{n.advertise(host)}
 	fc.Local = local{n}
@@ -97,7 +105,9 @@ func (n *Node) openFleet(ctx context.Context) error {
 		n.member.Changed()
 		n.changes.signal()
 	}
+	n.fleetSecret.Start(n.member)
 	n.member.RegisterMetrics(n.registry)
+	n.fleetSecret.RegisterMetrics(n.registry)
 	return nil
 }
 
@@ -125,6 +135,9 @@ func (n *Node) advertise(hostname string) string {
 
 // Fleet returns the relay's fleet member.
 func (n *Node) Fleet() *fleet.Member { return n.member }
+
+// FleetSecret returns the keeper of the relay's fleet secret.
+func (n *Node) FleetSecret() *fleetsecret.Keeper { return n.fleetSecret }
 
 // NATSURL returns the URL at which this node's embedded NATS server accepts
 // other relays (with --nats-listen), or "" when it accepts none.

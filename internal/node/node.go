@@ -27,6 +27,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/peer"
@@ -48,6 +49,7 @@ type Node struct {
 	broker        *broker.Broker
 	tunnels       *tunnel.Pool
 	member        *fleet.Member
+	fleetSecret   *fleetsecret.Keeper
 	relayID       string
 	signer        *peer.Signer
 	secrets       *secret.Ring // the fleet secret: peer signatures, access codes
@@ -258,6 +260,7 @@ func (n *Node) buildServers() {
 	n.admin = n.newServer(n.sessions.Wrap(relay.GuardIdle(control.NewHandler(control.Config{
 		Tokens:       n.tokens,
 		Fleet:        n.member,
+		Secret:       n.fleetSecret,
 		Codes:        n.IssueCode,
 		AuthFailures: n.adminFails,
 		Bind:         n.sessions.Bind,
@@ -419,6 +422,9 @@ func (n *Node) closeResources() {
 	}
 	if n.member != nil {
 		n.member.Close()
+	}
+	if n.fleetSecret != nil {
+		n.fleetSecret.Close()
 	}
 	for _, ln := range []net.Listener{n.publicLn, n.adminLn} {
 		if ln != nil {

@@ -38,14 +38,13 @@ const (
 // signer (the fleet secret), the watchdog over the other relays, and the
 // fleet router that forwards to a device's holder.
 func (n *Node) openRouting(ctx context.Context) error {
-	// The fleet member keeps the fleet secret current, from the stored
+	// The keeper of the fleet secret keeps it current, from the stored
 	// record or --fleet-secret-file: every signature reads it afresh.
-	n.secrets = n.member.Secrets()
+	n.secrets = n.fleetSecret.Ring()
 	var err error
 	if n.signer, err = peer.NewSigner(n.secrets, n.member.ID()); err != nil {
 		return err
 	}
-	n.signer.Legacy = n.member.SecretLegacy
 	failovers := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "switchboard", Name: "veto_seconds",
 		Help:    "Time from a peer's first missed probe (or refused connection: 0) to its veto.",
@@ -271,7 +270,7 @@ func (n *Node) Vetoed(id string) bool { return n.watchdog.Vetoed(id) }
 // refused with a 401 the user would see. Such a request goes to the next
 // relay in the ranking instead, or waits for the device's agent to move.
 func (n *Node) forwardVetoed(id string) bool {
-	return n.watchdog.Vetoed(id) || n.member.SecretRefuses(id)
+	return n.watchdog.Vetoed(id) || n.fleetSecret.Refuses(id)
 }
 
 // placeVetoed reports whether no agent should be placed on relay id: its
@@ -279,13 +278,13 @@ func (n *Node) forwardVetoed(id string) bool {
 // (secret parity), so that forwards between it and the others fail. An odd
 // relay applies this to itself and sends its arriving agents elsewhere.
 func (n *Node) placeVetoed(id string) bool {
-	return n.watchdog.Vetoed(id) || n.member.SecretOdd(id)
+	return n.watchdog.Vetoed(id) || n.fleetSecret.Odd(id)
 }
 
 // pollVetoed is for long-poll agents' polls, which are both forwarded and
 // placed: forwardVetoed or placeVetoed.
 func (n *Node) pollVetoed(id string) bool {
-	return n.forwardVetoed(id) || n.member.SecretOdd(id)
+	return n.forwardVetoed(id) || n.fleetSecret.Odd(id)
 }
 
 // placeAgent places an arriving native agent of device as the placer

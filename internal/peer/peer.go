@@ -12,12 +12,7 @@
 // a relay that does not accept it says so in its refusal. A signature
 // verifies against every secret the receiver accepts, so that the fleet
 // secret can be rotated without a moment where one relay signs with a key
-// another refuses.
-//
-// Relays of earlier versions signed "v1 <relay id> <unix seconds> <hex
-// HMAC-SHA256>" with the raw secret. Such headers are still accepted, and a
-// forward to a relay that Legacy names is signed that way, so that forwards
-// keep working both ways during a rolling update from such a version.
+// another refuses. Any other form of the header is refused.
 package peer
 
 import (
@@ -58,10 +53,6 @@ type Signer struct {
 	ring    *secret.Ring
 	relayID string
 	now     func() time.Time
-	// Legacy, if set, reports whether the relay with the given id runs an
-	// earlier version that verifies only v1 signatures: SignFor signs
-	// forwards to it that way.
-	Legacy func(relayID string) bool
 }
 
 // NewSigner returns a signer for the relay relayID with the secrets of
@@ -84,32 +75,12 @@ func macV2(key []byte, relayID string, ts int64, fp, device string) []byte {
 	return m.Sum(nil)
 }
 
-// macV1 is the MAC of a v1 header made with key, the raw secret.
-func macV1(key []byte, relayID string, ts int64, device string) []byte {
-	m := hmac.New(sha256.New, key)
-	fmt.Fprintf(m, "v1\n%s\n%d\n%s", relayID, ts, device)
-	return m.Sum(nil)
-}
-
 // Sign sets the signature header on h for a forward of a request to device.
 func (s *Signer) Sign(h http.Header, device string) {
 	ts := s.now().Unix()
 	fp := s.ring.Fingerprint()
 	mac := macV2(s.ring.SigningKey(secret.PurposePeer), s.relayID, ts, fp, device)
 	h.Set(Header, fmt.Sprintf("v2 %s %d %s %s", s.relayID, ts, fp, hex.EncodeToString(mac)))
-}
-
-// SignFor signs h for a forward of a request to device sent to the relay
-// to: as Sign does, or in the v1 format when Legacy says that relay runs
-// an earlier version.
-func (s *Signer) SignFor(h http.Header, device, to string) {
-	if s.Legacy == nil || !s.Legacy(to) {
-		s.Sign(h, device)
-		return
-	}
-	ts := s.now().Unix()
-	mac := macV1(s.ring.SigningKey(secret.PurposeLegacyPeer), s.relayID, ts, device)
-	h.Set(Header, fmt.Sprintf("v1 %s %d %s", s.relayID, ts, hex.EncodeToString(mac)))
 }
 
 // Verify checks the signature on h for device and returns the id of the
@@ -121,15 +92,10 @@ func (s *Signer) Verify(h http.Header, device string) (string, error) {
 		return "", ErrNoSignature
 	}
 	parts := strings.Fields(v)
-	var fp string
-	switch {
-	case len(parts) == 5 && parts[0] == "v2":
-		fp = parts[3]
-	case len(parts) == 4 && parts[0] == "v1":
-	default:
+	if len(parts) != 5 || parts[0] != "v2" {
 		return "", fmt.Errorf("%w: malformed", ErrBadSignature)
 	}
-	relayID, mac := parts[1], parts[len(parts)-1]
+	relayID, fp, mac := parts[1], parts[3], parts[4]
 	ts, err := strconv.ParseInt(parts[2], 10, 64)
 	if err != nil {
 		return "", fmt.Errorf("%w: malformed time", ErrBadSignature)
@@ -142,19 +108,13 @@ func (s *Signer) Verify(h http.Header, device string) (string, error) {
 		return "", fmt.Errorf("%w: expired or from a clock %s off", ErrBadSignature, d.Round(time.Second))
 	}
 	ok := false
-	if fp != "" {
-		for _, key := range s.ring.VerifyKeys(secret.PurposePeer) {
-			ok = hmac.Equal(got, macV2(key, relayID, ts, fp, device)) || ok
-		}
-	} else {
-		for _, key := range s.ring.VerifyKeys(secret.PurposeLegacyPeer) {
-			ok = hmac.Equal(got, macV1(key, relayID, ts, device)) || ok
-		}
+	for _, key := range s.ring.VerifyKeys(secret.PurposePeer) {
+		ok = hmac.Equal(got, macV2(key, relayID, ts, fp, device)) || ok
 	}
 	switch {
 	case ok:
 		return relayID, nil
-	case fp != "" && !s.ring.Accepts(fp):
+	case !s.ring.Accepts(fp):
 		return "", fmt.Errorf("%w: %w: relay %s signed with fleet secret %s; this relay accepts %s",
 			ErrBadSignature, ErrUnknownSecret, relayID, fp, strings.Join(s.ring.Accepted(), ", "))
 	default:

@@ -127,43 +127,22 @@ func TestRotation(t *testing.T) {
 	}
 }
 
-// legacyHeader is what a relay of an earlier version sends: v1, the raw
-// secret as the key.
-func legacyHeader(sec []byte, relayID string, ts int64, device string) string {
+// v1Header is the header of a format that never shipped: v1, the raw
+// secret as the key and no fingerprint.
+func v1Header(sec []byte, relayID string, ts int64, device string) string {
 	m := hmac.New(sha256.New, sec)
 	fmt.Fprintf(m, "v1\n%s\n%d\n%s", relayID, ts, device)
 	return fmt.Sprintf("v1 %s %d %s", relayID, ts, hex.EncodeToString(m.Sum(nil)))
 }
 
-// TestLegacy checks the rolling update from a version that signed v1 with
-// the raw secret: such forwards are accepted, and forwards to a relay that
-// Legacy names are signed so that it verifies them as it always did.
-func TestLegacy(t *testing.T) {
-	sec, old := secret.New(), secret.New()
-	s := signer(t, ring(t, sec, old), "rl-aaaaaaaa")
-	now := time.Now().Unix()
-	for _, k := range [][]byte{sec, old} {
-		h := http.Header{Header: {legacyHeader(k, "rl-0ld00000", now, "robot-1")}}
-		if from, err := s.Verify(h, "robot-1"); err != nil || from != "rl-0ld00000" {
-			t.Fatalf("a v1 forward: %q, %v", from, err)
-		}
-	}
-	h := http.Header{Header: {legacyHeader(secret.New(), "rl-0ld00000", now, "robot-1")}}
-	if _, err := s.Verify(h, "robot-1"); !errors.Is(err, ErrBadSignature) {
-		t.Fatalf("a v1 forward with another secret: %v", err)
-	}
-
-	s.Legacy = func(id string) bool { return id == "rl-0ld00000" }
-	h = http.Header{}
-	s.SignFor(h, "robot-1", "rl-0ld00000")
-	tsn, _ := strconv.ParseInt(strings.Fields(h.Get(Header))[2], 10, 64)
-	if got, want := h.Get(Header), legacyHeader(sec, "rl-aaaaaaaa", tsn, "robot-1"); got != want {
-		t.Fatalf("to an earlier version: %q, want %q", got, want)
-	}
-	h = http.Header{}
-	s.SignFor(h, "robot-1", "rl-bbbbbbbb")
-	if !strings.HasPrefix(h.Get(Header), "v2 ") {
-		t.Fatalf("to a relay of this version: %q, want v2", h.Get(Header))
+// TestOnlyV2 refuses a v1 header, even one made with an accepted secret:
+// the one form of the signature is v2.
+func TestOnlyV2(t *testing.T) {
+	sec := secret.New()
+	s := signer(t, ring(t, sec), "rl-aaaaaaaa")
+	h := http.Header{Header: {v1Header(sec, "rl-bbbbbbbb", time.Now().Unix(), "robot-1")}}
+	if from, err := s.Verify(h, "robot-1"); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("a v1 header: %q, %v; want ErrBadSignature", from, err)
 	}
 }
 
@@ -178,8 +157,8 @@ func FuzzVerify(f *testing.F) {
 	h := http.Header{}
 	s.Sign(h, "robot-1")
 	f.Add(h.Get(Header), "robot-1")
-	f.Add(legacyHeader(old, "rl-bbbbbbbb", fuzzNow.Unix(), "robot-2"), "robot-2")
-	f.Add(legacyHeader(sec, "rl-bbbbbbbb", fuzzNow.Unix()+30, ""), "")
+	f.Add(v1Header(old, "rl-bbbbbbbb", fuzzNow.Unix(), "robot-2"), "robot-2")
+	f.Add(v1Header(sec, "rl-bbbbbbbb", fuzzNow.Unix()+30, ""), "")
 	f.Add("v1 a 1 b", "")
 	f.Add("v2 a 1 "+secret.Fingerprint(sec)+" b", "x")
 	f.Fuzz(func(t *testing.T, v, device string) {
@@ -202,7 +181,6 @@ func FuzzVerify(f *testing.F) {
 		}
 		var want []string
 		for _, k := range [][]byte{sec, old} {
-			want = append(want, legacyHeader(k, from, ts, device))
 			r := ring(t, k)
 			m := macV2(r.SigningKey(secret.PurposePeer), from, ts, secret.Fingerprint(k), device)
 			want = append(want, fmt.Sprintf("v2 %s %d %s %s", from, ts, secret.Fingerprint(k), hex.EncodeToString(m)))

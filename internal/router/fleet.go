@@ -339,7 +339,7 @@ func (f *Fleet) forward(req *http.Request, device string, t fleet.Target, hops i
 	}
 	out.Host = req.Host
 	out.RequestURI = ""
-	f.Signer.SignFor(out.Header, device, t.ID)
+	f.Signer.Sign(out.Header, device)
 	out.Header.Set(peer.HopsHeader, strconv.Itoa(hops))
 	if ticket != nil {
 		ticket.SetHeader(out.Header)
@@ -380,7 +380,7 @@ func (f *Fleet) ProxyTo(t fleet.Target, device string) http.Handler {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = base.Scheme, base.Host
 			pr.Out.Host = pr.In.Host
-			f.Signer.SignFor(pr.Out.Header, device, t.ID)
+			f.Signer.Sign(pr.Out.Header, device)
 		},
 		Transport:     f.transport(base.Scheme, false),
 		FlushInterval: -1,

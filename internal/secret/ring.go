@@ -25,11 +25,6 @@ const MinBytes = 16
 const (
 	PurposePeer = "peer"        // signatures of forwards between relays
 	PurposeCode = "access-code" // single-use access codes for users
-	// PurposeLegacyPeer names the secrets themselves, underived: relays of
-	// earlier versions signed forwards with the raw secret ("v1" peer
-	// headers). Only package peer uses it, to interoperate with such relays
-	// during a rolling update.
-	PurposeLegacyPeer = "legacy-peer"
 )
 
 // purposes are the purposes whose keys a Ring derives once per Set.
@@ -110,7 +105,6 @@ func (r *Ring) Set(signing []byte, others ...[]byte) error {
 			k.derived[p] = append(k.derived[p], derive(s, p))
 		}
 	}
-	k.derived[PurposeLegacyPeer] = k.accepted
 	r.cur.Store(k)
 	return nil
 }

@@ -55,9 +55,10 @@ func TestRingKeys(t *testing.T) {
 	if !bytes.Equal(other.SigningKey(PurposePeer), peer) || !bytes.Equal(other.VerifyKeys(PurposeCode)[0], code) {
 		t.Error("two rings with the same secret derive different keys")
 	}
-	// The legacy purpose is the secrets themselves.
-	if !bytes.Equal(r.SigningKey(PurposeLegacyPeer), cur) || !bytes.Equal(r.VerifyKeys(PurposeLegacyPeer)[1], old) {
-		t.Error("the legacy keys are not the raw secrets")
+	// No purpose hands out the secrets themselves, not even the one
+	// earlier builds used for raw-secret signatures.
+	if raw := r.SigningKey("legacy-peer"); bytes.Equal(raw, cur) || bytes.Equal(r.VerifyKeys("legacy-peer")[1], old) {
+		t.Error("a purpose's keys are the raw secrets")
 	}
 	// A purpose the ring does not precompute is derived on demand.
 	if k := r.SigningKey("other"); len(k) != 32 || bytes.Equal(k, peer) || !bytes.Equal(r.VerifyKeys("other")[0], k) {
@@ -96,7 +97,7 @@ func TestRingCopies(t *testing.T) {
 	buf := bytes.Clone(s)
 	r := mustRing(t, buf, New(), New())
 	clear(buf)
-	if r.Fingerprint() != want || !bytes.Equal(r.SigningKey(PurposeLegacyPeer), s) {
+	if r.Fingerprint() != want || !bytes.Equal(r.SigningKey(PurposePeer), derive(s, PurposePeer)) {
 		t.Fatal("the ring follows a buffer its caller reused")
 	}
 	peer := r.SigningKey(PurposePeer)
@@ -104,13 +105,9 @@ func TestRingCopies(t *testing.T) {
 	_ = append(vk[:1], []byte("an attacker's key"))
 	vk[0][0] ^= 0xff
 	r.SigningKey(PurposePeer)[0] ^= 0xff
-	r.SigningKey(PurposeLegacyPeer)[0] ^= 0xff
 	again := r.VerifyKeys(PurposePeer)
 	if !bytes.Equal(again[0], peer) || bytes.Equal(again[1], []byte("an attacker's key")) || !bytes.Equal(r.SigningKey(PurposePeer), peer) {
 		t.Fatal("a caller's changes to returned keys reached the ring")
-	}
-	if !bytes.Equal(r.SigningKey(PurposeLegacyPeer), s) {
-		t.Fatal("a caller's change to the legacy key reached the ring")
 	}
 }
 

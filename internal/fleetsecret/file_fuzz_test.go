@@ -1,4 +1,4 @@
-package fleet
+package fleetsecret
 
 import (
 	"strings"
@@ -7,16 +7,16 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/secret"
 )
 
-// FuzzParseSecretFile feeds arbitrary file contents to parseSecretFile: no
+// FuzzParseFile feeds arbitrary file contents to parseFile: no
 // panic; what it accepts is 1 to MaxSecrets secrets of at least
 // secret.MinBytes each; an error never quotes the file.
-func FuzzParseSecretFile(f *testing.F) {
+func FuzzParseFile(f *testing.F) {
 	f.Add([]byte("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"))
 	f.Add([]byte("# comment\n00112233445566778899aabbccddeeff\n\nMDEyMzQ1Njc4OWFiY2RlZg\n"))
 	f.Add([]byte("\r\n \t"))
 	f.Add([]byte("zz"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		keys, err := parseSecretFile(data)
+		keys, err := parseFile(data)
 		if err != nil {
 			if len(data) > 8 && containsLine(err.Error(), data) {
 				t.Fatalf("the error quotes the file: %v", err)

@@ -1,4 +1,4 @@
-package fleet
+package fleetsecret
 
 import (
 	"encoding/base64"
@@ -17,52 +17,55 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 func TestSecretParity(t *testing.T) {
-	rel := func(id, signs, source string, accepts ...string) Relay {
-		return Relay{ID: id, SecretFingerprint: signs, SecretSource: source, SecretAccepted: append([]string{signs}, accepts...)}
+	rel := func(id, signs, source string, accepts ...string) fleet.RelayStatus {
+		return fleet.RelayStatus{ID: id, SecretFingerprint: signs, SecretSource: source, SecretAccepted: append([]string{signs}, accepts...)}
 	}
-	rec := &SecretRecord{Signing: "aa"}
-	inSign := &SecretRecord{Signing: "bb", Rotation: &Rotation{Phase: RotationSign, From: "aa", To: "bb"}}
-	inAccept := &SecretRecord{Signing: "aa", Rotation: &Rotation{Phase: RotationAccept, From: "aa", To: "bb"}}
+	rec := &Record{Signing: "aa"}
+	inSign := &Record{Signing: "bb", Rotation: &Rotation{Phase: RotationSign, From: "aa", To: "bb"}}
+	inAccept := &Record{Signing: "aa", Rotation: &Rotation{Phase: RotationAccept, From: "aa", To: "bb"}}
 	tests := []struct {
 		name     string
-		relays   []Relay
-		rec      *SecretRecord
+		relays   []fleet.RelayStatus
+		rec      *Record
 		expected string
 		basis    string
 		odd      []string
 		signing  int
 	}{
-		{"parity", []Relay{rel("r1", "aa", "fleet"), rel("r2", "aa", "fleet")}, rec, "aa", ParityRecord, nil, 1},
-		{"one odd by file", []Relay{rel("r1", "aa", "fleet"), rel("r2", "aa", "fleet"), rel("r3", "cc", "file")}, rec, "aa", ParityRecord, []string{"r3"}, 2},
+		{"parity", []fleet.RelayStatus{rel("r1", "aa", "fleet"), rel("r2", "aa", "fleet")}, rec, "aa", ParityRecord, nil, 1},
+		{"one odd by file", []fleet.RelayStatus{rel("r1", "aa", "fleet"), rel("r2", "aa", "fleet"), rel("r3", "cc", "file")}, rec, "aa", ParityRecord, []string{"r3"}, 2},
 		// The record decides even against a majority of files.
-		{"record beats files", []Relay{rel("r1", "aa", "fleet"), rel("r2", "cc", "file"), rel("r3", "cc", "file")}, rec, "aa", ParityRecord, []string{"r2", "r3"}, 2},
-		{"files only: majority", []Relay{rel("r1", "cc", "file"), rel("r2", "cc", "file"), rel("r3", "dd", "file")}, rec, "cc", ParityMajority, []string{"r3"}, 2},
-		{"no record: majority", []Relay{rel("r1", "cc", "fleet"), rel("r2", "dd", "file"), rel("r3", "dd", "file")}, nil, "dd", ParityMajority, []string{"r1"}, 2},
-		{"a tie goes to the smallest", []Relay{rel("r1", "dd", "file"), rel("r2", "cc", "file")}, nil, "cc", ParityMajority, []string{"r1"}, 2},
+		{"record beats files", []fleet.RelayStatus{rel("r1", "aa", "fleet"), rel("r2", "cc", "file"), rel("r3", "cc", "file")}, rec, "aa", ParityRecord, []string{"r2", "r3"}, 2},
+		{"files only: majority", []fleet.RelayStatus{rel("r1", "cc", "file"), rel("r2", "cc", "file"), rel("r3", "dd", "file")}, rec, "cc", ParityMajority, []string{"r3"}, 2},
+		{"no record: majority", []fleet.RelayStatus{rel("r1", "cc", "fleet"), rel("r2", "dd", "file"), rel("r3", "dd", "file")}, nil, "dd", ParityMajority, []string{"r1"}, 2},
+		{"a tie goes to the smallest", []fleet.RelayStatus{rel("r1", "dd", "file"), rel("r2", "cc", "file")}, nil, "cc", ParityMajority, []string{"r1"}, 2},
 		// Signing with the expected secret is not enough: a relay must
 		// also accept it, or the others' forwards to it fail.
-		{"signs right, accepts wrong", []Relay{rel("r1", "aa", "fleet"), {ID: "r2", SecretFingerprint: "aa", SecretSource: "file", SecretAccepted: []string{"cc"}}}, rec, "aa", ParityRecord, []string{"r2"}, 1},
-		{"accepting more is fine", []Relay{rel("r1", "aa", "fleet", "zz"), rel("r2", "aa", "file", "yy")}, rec, "aa", ParityRecord, nil, 1},
+		{"signs right, accepts wrong", []fleet.RelayStatus{rel("r1", "aa", "fleet"), {ID: "r2", SecretFingerprint: "aa", SecretSource: "file", SecretAccepted: []string{"cc"}}}, rec, "aa", ParityRecord, []string{"r2"}, 1},
+		{"accepting more is fine", []fleet.RelayStatus{rel("r1", "aa", "fleet", "zz"), rel("r2", "aa", "file", "yy")}, rec, "aa", ParityRecord, nil, 1},
 		// During a rotation's sign phase a relay that has not applied the
 		// record yet still signs with the old secret: not odd.
-		{"sign phase", []Relay{rel("r1", "bb", "fleet", "aa"), rel("r2", "aa", "fleet", "bb")}, inSign, "bb", ParityRecord, nil, 2},
-		{"sign phase, one never accepted", []Relay{rel("r1", "bb", "fleet", "aa"), rel("r2", "aa", "fleet")}, inSign, "bb", ParityRecord, []string{"r2"}, 2},
-		{"accept phase", []Relay{rel("r1", "aa", "fleet", "bb"), rel("r2", "aa", "fleet")}, inAccept, "aa", ParityRecord, nil, 1},
-		// Relays of earlier versions report nothing and are left out, as
-		// are stale ones.
-		{"earlier versions", []Relay{rel("r1", "aa", "fleet"), {ID: "old"}}, rec, "aa", ParityRecord, nil, 1},
-		{"stale", []Relay{rel("r1", "aa", "fleet"), rel("stale", "cc", "file")}, rec, "aa", ParityRecord, nil, 1},
-		{"nobody", []Relay{{ID: "old"}}, rec, "", "", nil, 0},
+		{"sign phase", []fleet.RelayStatus{rel("r1", "bb", "fleet", "aa"), rel("r2", "aa", "fleet", "bb")}, inSign, "bb", ParityRecord, nil, 2},
+		{"sign phase, one never accepted", []fleet.RelayStatus{rel("r1", "bb", "fleet", "aa"), rel("r2", "aa", "fleet")}, inSign, "bb", ParityRecord, []string{"r2"}, 2},
+		{"accept phase", []fleet.RelayStatus{rel("r1", "aa", "fleet", "bb"), rel("r2", "aa", "fleet")}, inAccept, "aa", ParityRecord, nil, 1},
+		// Relays that report no secret are left out, as are stale ones.
+		{"no secret reported", []fleet.RelayStatus{rel("r1", "aa", "fleet"), {ID: "old"}}, rec, "aa", ParityRecord, nil, 1},
+		{"stale", []fleet.RelayStatus{rel("r1", "aa", "fleet"), rel("stale", "cc", "file")}, rec, "aa", ParityRecord, nil, 1},
+		{"nobody", []fleet.RelayStatus{{ID: "old"}}, rec, "", "", nil, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := secretParity(tt.relays, func(r Relay) bool { return r.ID != "stale" }, tt.rec)
+			for i := range tt.relays {
+				tt.relays[i].Fresh = tt.relays[i].ID != "stale"
+			}
+			p := parity(tt.relays, tt.rec)
 			if p.Expected != tt.expected || p.Basis != tt.basis || !slices.Equal(p.Odd, append([]string{}, tt.odd...)) || p.SigningFingerprints != tt.signing {
 				t.Fatalf("parity = %+v, want expected %q basis %q odd %v signing %d", p, tt.expected, tt.basis, tt.odd, tt.signing)
 			}
@@ -87,7 +90,7 @@ func TestParseSecretFile(t *testing.T) {
 		{"hex signs, base64 accepted, comments", "# the fleet secret\n\n  " + hex.EncodeToString(b) + "  \r\n" + b64 + "\n# old\n", [][]byte{b, a}},
 	}
 	for _, tt := range good {
-		keys, err := parseSecretFile([]byte(tt.text))
+		keys, err := parseFile([]byte(tt.text))
 		if err != nil || len(keys) != len(tt.want) {
 			t.Fatalf("%s: %d keys, %v", tt.name, len(keys), err)
 		}
@@ -105,7 +108,7 @@ func TestParseSecretFile(t *testing.T) {
 		{strings.Repeat(b64+"\n", MaxSecrets+1), "at most 8"},
 	}
 	for _, tt := range bad {
-		_, err := parseSecretFile([]byte(tt.text))
+		_, err := parseFile([]byte(tt.text))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%q: %v, want %q", tt.text, err, tt.want)
 		}
@@ -123,91 +126,58 @@ func (f *testFleet) fleetKV() jetstream.KeyValue {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(func() { st.Close() })
-	kv, err := st.KeyValue(testContext(f.t), BucketFleet)
+	kv, err := st.KeyValue(testContext(f.t), fleet.BucketFleet)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	return kv
 }
 
-func storedRecord(t *testing.T, kv jetstream.KeyValue) SecretRecord {
+func storedRecord(t *testing.T, kv jetstream.KeyValue) Record {
 	t.Helper()
-	e, err := kv.Get(testContext(t), SecretRecordKey)
+	e, err := kv.Get(testContext(t), RecordKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec SecretRecord
+	var rec Record
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		t.Fatal(err)
 	}
 	return rec
 }
 
-// TestLegacyPeerSecretAdopted starts members in a fleet that has only the
-// "peer_secret" of earlier versions: they sign with it, and store it as the
-// fleet secret record.
-func TestLegacyPeerSecretAdopted(t *testing.T) {
-	f := newTestFleet(t)
-	kv := f.fleetKV()
-	old := secret.New()
-	if _, err := kv.Put(testContext(t), secretKey, old); err != nil {
-		t.Fatal(err)
-	}
-	a, b := f.join(), f.join()
-	for _, n := range []*node{a, b} {
-		if got := n.m.Secrets().Fingerprint(); got != secret.Fingerprint(old) {
-			t.Fatalf("a member signs with %s, want the old peer_secret's %s", got, secret.Fingerprint(old))
-		}
-		if n.m.SecretSource() != SecretSourceFleet {
-			t.Errorf("source %q", n.m.SecretSource())
-		}
-	}
-	rec := storedRecord(t, kv)
-	if rec.Signing != secret.Fingerprint(old) || len(rec.Secrets) != 1 || rec.Format != SecretRecordFormat || rec.Generation != 1 {
-		t.Fatalf("stored record %+v", rec)
-	}
-	if e, err := kv.Get(testContext(t), secretKey); err != nil || string(e.Value()) != string(old) {
-		t.Fatalf("the old peer_secret changed: %v", err)
-	}
-	// Both report it on their beats; the fleet is in parity.
-	eventually(t, 5*time.Second, func() error {
-		for _, r := range a.m.Relays() {
-			if r.SecretFingerprint != secret.Fingerprint(old) || r.SecretSource != SecretSourceFleet || !slices.Equal(r.SecretAccepted, []string{secret.Fingerprint(old)}) {
-				return fmt.Errorf("relay %s reports %q %v (%s)", r.ID, r.SecretFingerprint, r.SecretAccepted, r.SecretSource)
-			}
-		}
-		return nil
-	})
-	if p := a.m.SecretParity(); len(p.Odd) != 0 || p.Expected != secret.Fingerprint(old) || p.Basis != ParityRecord {
-		t.Fatalf("parity %+v", p)
-	}
-}
-
 // TestNewFleetSecret starts members in an empty fleet: the first stores a
-// new secret, as the record and as "peer_secret" for earlier versions.
+// new secret as the record, and nothing else: no raw secret lies in NATS
+// beside it.
 func TestNewFleetSecret(t *testing.T) {
 	f := newTestFleet(t)
 	a, b := f.join(), f.join()
 	kv := f.fleetKV()
 	rec := storedRecord(t, kv)
-	e, err := kv.Get(testContext(t), secretKey)
-	if err != nil || secret.Fingerprint(e.Value()) != rec.Signing {
-		t.Fatalf("peer_secret %v does not match the record %s", err, rec.Signing)
+	if rec.Format != RecordFormat || rec.Generation != 1 || len(rec.Secrets) != 1 {
+		t.Fatalf("stored record %+v", rec)
 	}
-	if a.m.Secrets().Fingerprint() != rec.Signing || b.m.Secrets().Fingerprint() != rec.Signing {
+	keys, err := kv.Keys(testContext(t))
+	if err != nil || !slices.Equal(keys, []string{RecordKey}) {
+		t.Fatalf("the fleet bucket holds %v (%v), want only %s", keys, err, RecordKey)
+	}
+	if a.k.Ring().Fingerprint() != rec.Signing || b.k.Ring().Fingerprint() != rec.Signing {
 		t.Fatal("the members run another secret than the stored one")
+	}
+	if a.k.Source() != SourceFleet {
+		t.Errorf("source %q", a.k.Source())
 	}
 	// A record lost with its NATS files is put back from what the
 	// members run.
-	if err := kv.Delete(testContext(t), SecretRecordKey); err != nil {
+	if err := kv.Delete(testContext(t), RecordKey); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, func() error {
-		e, err := kv.Get(testContext(t), SecretRecordKey)
+		e, err := kv.Get(testContext(t), RecordKey)
 		if err != nil {
 			return err
 		}
-		var back SecretRecord
+		var back Record
 		if err := json.Unmarshal(e.Value(), &back); err != nil || back.Signing != rec.Signing {
 			return fmt.Errorf("put back as %+v, %v", back, err)
 		}
@@ -217,7 +187,7 @@ func TestNewFleetSecret(t *testing.T) {
 
 // waitReports waits until every member sees every member report a secret
 // that satisfies ok.
-func waitReports(t *testing.T, nodes []*node, what string, ok func(RelayStatus) bool) {
+func waitReports(t *testing.T, nodes []*node, what string, ok func(fleet.RelayStatus) bool) {
 	t.Helper()
 	eventually(t, 5*time.Second, func() error {
 		for _, n := range nodes {
@@ -243,13 +213,13 @@ func TestSecretRotation(t *testing.T) {
 	nodes := []*node{f.join(), f.join(), f.join()}
 	a := nodes[0]
 	ctx := testContext(t)
-	from := a.m.Secrets().Fingerprint()
-	waitReports(t, nodes, "sign with the first secret", func(r RelayStatus) bool { return r.SecretFingerprint == from })
+	from := a.k.Ring().Fingerprint()
+	waitReports(t, nodes, "sign with the first secret", func(r fleet.RelayStatus) bool { return r.SecretFingerprint == from })
 
-	if _, err := a.m.SignWithNewSecret(ctx, "test"); !errors.Is(err, ErrRotationRefused) {
+	if _, err := a.k.SignWithNew(ctx, "test"); !errors.Is(err, ErrRotationRefused) {
 		t.Fatalf("sign without a rotation: %v", err)
 	}
-	info, err := a.m.BeginSecretRotation(ctx, "test")
+	info, err := a.k.BeginRotation(ctx, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,26 +228,23 @@ func TestSecretRotation(t *testing.T) {
 		t.Fatalf("begin: %+v", info)
 	}
 	// Beginning again finds the same rotation.
-	if again, err := a.m.BeginSecretRotation(ctx, "test"); err != nil || again.Rotation == nil || again.Rotation.To != rot.To {
+	if again, err := a.k.BeginRotation(ctx, "test"); err != nil || again.Rotation == nil || again.Rotation.To != rot.To {
 		t.Fatalf("begin again: %+v, %v", again, err)
 	}
-	if _, err := a.m.FinishSecretRotation(ctx, "test", 0); !errors.Is(err, ErrRotationRefused) {
+	if _, err := a.k.FinishRotation(ctx, "test", 0); !errors.Is(err, ErrRotationRefused) {
 		t.Fatalf("finish before sign: %v", err)
 	}
-	waitReports(t, nodes, "accept the new secret", func(r RelayStatus) bool {
+	waitReports(t, nodes, "accept the new secret", func(r fleet.RelayStatus) bool {
 		return r.SecretFingerprint == from && slices.Contains(r.SecretAccepted, rot.To)
 	})
-	if _, err := a.m.SignWithNewSecret(ctx, "test"); err != nil {
+	if _, err := a.k.SignWithNew(ctx, "test"); err != nil {
 		t.Fatal(err)
 	}
-	waitReports(t, nodes, "sign with the new secret", func(r RelayStatus) bool {
+	waitReports(t, nodes, "sign with the new secret", func(r fleet.RelayStatus) bool {
 		return r.SecretFingerprint == rot.To && slices.Contains(r.SecretAccepted, from)
 	})
 	kv := f.fleetKV()
-	if e, err := kv.Get(ctx, secretKey); err != nil || secret.Fingerprint(e.Value()) != rot.To {
-		t.Fatalf("peer_secret was not moved to the new signing secret: %v", err)
-	}
-	if _, err := a.m.FinishSecretRotation(ctx, "test", 300*time.Millisecond); err != nil {
+	if _, err := a.k.FinishRotation(ctx, "test", 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	rec := storedRecord(t, kv)
@@ -285,13 +252,15 @@ func TestSecretRotation(t *testing.T) {
 		t.Fatalf("after finish: %+v", rec)
 	}
 	// Housekeeping drops the old secret when its grace ends.
-	waitReports(t, nodes, "accept only the new secret", func(r RelayStatus) bool {
+	waitReports(t, nodes, "accept only the new secret", func(r fleet.RelayStatus) bool {
 		return r.SecretFingerprint == rot.To && slices.Equal(r.SecretAccepted, []string{rot.To})
 	})
 	for _, typ := range []string{"begun", "now sign with", "stays accepted until", "dropped"} {
-		waitEvent(t, a.m, 5*time.Second, func(e Event) bool { return e.Type == EventSecretRotation && strings.Contains(e.Message, typ) })
+		waitEvent(t, a.m, 5*time.Second, func(e fleet.Event) bool {
+			return e.Type == fleet.EventSecretRotation && strings.Contains(e.Message, typ)
+		})
 	}
-	if p := a.m.SecretParity(); len(p.Odd) != 0 || p.Expected != rot.To {
+	if p := a.k.Parity(); len(p.Odd) != 0 || p.Expected != rot.To {
 		t.Fatalf("parity after the rotation: %+v", p)
 	}
 }
@@ -336,18 +305,18 @@ func TestSecretFileParity(t *testing.T) {
 	}
 	logs := &testkit.Buffer{}
 	c := f.join(func(cfg *Config) {
-		cfg.SecretFile = path
+		cfg.File = path
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	if c.m.SecretSource() != SecretSourceFile || c.m.Secrets().Fingerprint() != secret.Fingerprint(wrong) {
-		t.Fatalf("the file member runs %s from %s", c.m.Secrets().Fingerprint(), c.m.SecretSource())
+	if c.k.Source() != SourceFile || c.k.Ring().Fingerprint() != secret.Fingerprint(wrong) {
+		t.Fatalf("the file member runs %s from %s", c.k.Ring().Fingerprint(), c.k.Source())
 	}
 	reg := prometheus.NewRegistry()
-	b.m.RegisterMetrics(reg)
+	b.k.RegisterMetrics(reg)
 	odd := c.m.ID()
 
-	e := waitEvent(t, a.m, 5*time.Second, func(e Event) bool { return e.Type == EventSecretMismatch && e.RelayID == odd })
-	if !strings.Contains(e.Message, secret.Fingerprint(wrong)) || !strings.Contains(e.Message, a.m.Secrets().Fingerprint()) {
+	e := waitEvent(t, a.m, 5*time.Second, func(e fleet.Event) bool { return e.Type == fleet.EventSecretMismatch && e.RelayID == odd })
+	if !strings.Contains(e.Message, secret.Fingerprint(wrong)) || !strings.Contains(e.Message, a.k.Ring().Fingerprint()) {
 		t.Errorf("the mismatch event names neither fingerprint: %s", e.Message)
 	}
 	eventually(t, 5*time.Second, func() error {
@@ -360,20 +329,20 @@ func TestSecretFileParity(t *testing.T) {
 		if v, _ := gauge(t, reg, "switchboard_fleet_secret_fingerprints", ""); v != 2 {
 			return fmt.Errorf("fingerprints = %v", v)
 		}
-		if st := b.m.Status(); !slices.Equal(st.SecretMismatch, []string{odd}) {
-			return fmt.Errorf("status mismatch %v", st.SecretMismatch)
+		if p := b.k.Parity(); !slices.Equal(p.Odd, []string{odd}) {
+			return fmt.Errorf("parity odd %v", p.Odd)
 		}
 		// Routing: nothing is placed on the odd relay, and neither side
 		// forwards to the other.
-		if !a.m.SecretOdd(odd) || !a.m.SecretRefuses(odd) || !c.m.SecretRefuses(a.m.ID()) || !c.m.SecretOdd(odd) {
+		if !a.k.Odd(odd) || !a.k.Refuses(odd) || !c.k.Refuses(a.m.ID()) || !c.k.Odd(odd) {
 			return errors.New("routing does not see the odd relay yet")
 		}
 		return nil
 	})
-	if a.m.SecretOdd(b.m.ID()) || a.m.SecretRefuses(b.m.ID()) || a.m.SecretLegacy(b.m.ID()) {
+	if a.k.Odd(b.m.ID()) || a.k.Refuses(b.m.ID()) {
 		t.Error("a relay in parity is avoided")
 	}
-	if _, err := a.m.BeginSecretRotation(testContext(t), "test"); !errors.Is(err, ErrRotationRefused) || !strings.Contains(err.Error(), odd) {
+	if _, err := a.k.BeginRotation(testContext(t), "test"); !errors.Is(err, ErrRotationRefused) || !strings.Contains(err.Error(), odd) {
 		t.Fatalf("a rotation with a file member: %v", err)
 	}
 
@@ -383,7 +352,7 @@ func TestSecretFileParity(t *testing.T) {
 	if err := os.WriteFile(path, []byte(hex.EncodeToString(good)+"\n"+base64.StdEncoding.EncodeToString(wrong)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e = waitEvent(t, a.m, 5*time.Second, func(e Event) bool { return e.Type == EventSecretParity && e.RelayID == odd })
+	e = waitEvent(t, a.m, 5*time.Second, func(e fleet.Event) bool { return e.Type == fleet.EventSecretParity && e.RelayID == odd })
 	if !strings.Contains(e.Message, "every fresh relay runs the fleet's secret") {
 		t.Errorf("parity event: %s", e.Message)
 	}
@@ -391,7 +360,7 @@ func TestSecretFileParity(t *testing.T) {
 		if v, _ := gauge(t, reg, "switchboard_fleet_secret_mismatch", odd); v != 0 {
 			return fmt.Errorf("mismatch{%s} = %v", odd, v)
 		}
-		if a.m.SecretOdd(odd) || a.m.SecretRefuses(odd) || c.m.SecretRefuses(a.m.ID()) {
+		if a.k.Odd(odd) || a.k.Refuses(odd) || c.k.Refuses(a.m.ID()) {
 			return errors.New("routing still avoids the fixed relay")
 		}
 		return nil
@@ -406,7 +375,7 @@ func TestSecretFileParity(t *testing.T) {
 		}
 		return errors.New("the broken file was not reported")
 	})
-	if c.m.Secrets().Fingerprint() != rec.Signing {
+	if c.k.Ring().Fingerprint() != rec.Signing {
 		t.Fatal("a broken file changed the running secret")
 	}
 }
@@ -419,17 +388,9 @@ func TestSecretFileAtStart(t *testing.T) {
 	if err := os.WriteFile(path, []byte("c2hvcnQ=\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(testContext(t), store.Config{URLs: f.urls})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	cfg := f.base
-	cfg.RelayID, cfg.Local, cfg.SecretFile = "rl-0000f11e", &fakeLocal{}, path
-	m, err := Open(testContext(t), st, cfg)
+	_, err := f.open(func(c *Config) { c.File = path })
 	if err == nil {
-		m.Close()
-		t.Fatal("a member started from a file with a 5-byte secret")
+		t.Fatal("a keeper started from a file with a 5-byte secret")
 	}
 	if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("error %v names neither the file nor the line", err)
