@@ -22,7 +22,7 @@ var layers = [][]string{
 	{"auth", "peer", "broker", "fleet"},
 	{"access", "longpoll", "tunnel", "auth/authtest"},
 	// The parts a relay and an agent are made of.
-	{"relay", "router", "agent", "control"},
+	{"relay", "router", "agent", "control", "topic"},
 	// One relay, wired.
 	{"node"},
 	// The command line and the in-process fleet of the tests.
