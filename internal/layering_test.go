@@ -20,9 +20,9 @@ var layers = [][]string{
 	{"backoff", "ranking", "secret", "wire", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols.
 	{"auth", "peer", "broker", "fleet"},
-	{"access", "longpoll", "tunnel", "auth/authtest"},
+	{"access", "longpoll", "tunnel", "auth/authtest", "topic"},
 	// The parts a relay and an agent are made of.
-	{"relay", "router", "agent", "control", "topic"},
+	{"relay", "router", "agent", "control"},
 	// One relay, wired.
 	{"node"},
 	// The command line and the in-process fleet of the tests.

@@ -35,6 +35,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
+	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
@@ -63,6 +64,8 @@ type Node struct {
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
 	publicHandler *relay.Handler
+	topics        *topic.Hub // broadcast topics: /topic/<device>/<name>
+	topicHandler  *topic.Handler
 	stopCtx       context.Context // ends when the node starts to shut down
 	stopNow       context.CancelFunc
 	registry      *prometheus.Registry
@@ -137,6 +140,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if err := n.subscribeSpentCodes(); err != nil {
+		return nil, err
+	}
+	if err := n.openTopics(); err != nil {
 		return nil, err
 	}
 	n.buildServers()
@@ -245,7 +251,7 @@ func (n *Node) buildServers() {
 		StallTimeout:  n.cfg.IdleStreamTimeout,
 		Logger:        n.log,
 	})
-	n.public = n.newServer(n.sessions.Wrap(n.publicHandler), n.publicTLS)
+	n.public = n.newServer(n.sessions.Wrap(n.routeTopics(n.publicHandler)), n.publicTLS)
 	n.public.Protocols = new(http.Protocols)
 	n.public.Protocols.SetHTTP1(true)
 	if n.publicTLS != nil {
@@ -360,6 +366,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	case <-time.After(time.Until(began.Add(n.cfg.ShutdownDelay))):
 	case <-ctx.Done():
 	}
+	n.topics.Close() // topic connections end with "service restart": their clients come back elsewhere
 	errPublic := n.public.Shutdown(ctx)
 	// Upgraded streams (websockets) passing through here to another relay
 	// run on hijacked connections, which Shutdown does not wait for.
@@ -399,6 +406,9 @@ func (n *Node) Close() error {
 func (n *Node) closeResources() {
 	if n.broker != nil {
 		n.broker.Close()
+	}
+	if n.topics != nil {
+		n.topics.Close()
 	}
 	if n.tunnels != nil {
 		n.tunnels.Close()

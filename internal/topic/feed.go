@@ -28,6 +28,8 @@ type Sender interface {
 	Send(ctx context.Context, m Message) error
 	// Done is closed when the holder ended the connection.
 	Done() <-chan struct{}
+	// Err says why, once Done is closed.
+	Err() error
 	// Close ends the connection.
 	Close() error
 }

@@ -215,7 +215,7 @@ func (h *Handler) serve(ctx context.Context, c *websocket.Conn, key Key, mode Mo
 	case <-ended:
 		stop(wr.Err())
 	case <-holderGone:
-		stop(errHolderGone)
+		stop(sender.Err())
 	}
 	closeWith(c, context.Cause(end))
 	wg.Wait()

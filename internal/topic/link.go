@@ -77,13 +77,20 @@ func (l *PeerLink) Publish(ctx context.Context, key Key) (Sender, error) {
 	}
 	// The holder sends nothing to a writer but its close: reading that
 	// ends Done.
-	return &peerSender{c: c, done: c.CloseRead(context.Background())}, nil
+	s := &peerSender{c: c, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		_, _, s.err = c.Read(context.Background())
+	}()
+	return s, nil
 }
 
-// peerSender is a writer's connection to the holder.
+// peerSender is a writer's connection to the holder. Its reading
+// goroutine ends with the connection; Close waits for it.
 type peerSender struct {
 	c    *websocket.Conn
-	done context.Context
+	done chan struct{}
+	err  error // how the holder ended the connection; set before done is closed
 }
 
 func (s *peerSender) Send(ctx context.Context, m Message) error {
@@ -94,6 +101,20 @@ func (s *peerSender) Send(ctx context.Context, m Message) error {
 	return s.c.Write(ctx, typ, m.Data)
 }
 
-func (s *peerSender) Done() <-chan struct{} { return s.done.Done() }
+func (s *peerSender) Done() <-chan struct{} { return s.done }
 
-func (s *peerSender) Close() error { return s.c.Close(websocket.StatusNormalClosure, "") }
+// Err says why the holder ended the connection: ErrCancelled when the
+// device's sessions were cancelled there.
+func (s *peerSender) Err() error {
+	<-s.done
+	if websocket.CloseStatus(s.err) == websocket.StatusPolicyViolation {
+		return fmt.Errorf("%w (at the relay holding the device): %v", ErrCancelled, s.err)
+	}
+	return fmt.Errorf("%w: %v", errHolderGone, s.err)
+}
+
+func (s *peerSender) Close() error {
+	err := s.c.Close(websocket.StatusNormalClosure, "")
+	<-s.done
+	return err
+}
