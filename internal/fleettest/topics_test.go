@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/topic"
 )
@@ -201,6 +203,37 @@ func TestTopicOneCopyPerRelay(t *testing.T) {
 	if want := int64(3 * count * size); s.RelayBytes != want || s.PublishedBytes != count*size {
 		t.Fatalf("holder sent %d bytes to other relays for %d published; want %d (one copy per relay)", s.RelayBytes, s.PublishedBytes, want)
 	}
+	// The operator sees the same on the holder: the API ctl reads, the
+	// metrics and the admin page.
+	c := &control.Client{BaseURL: holder.AdminURL, Token: holder.AdminToken}
+	listed, err := c.ListTopics(ctx)
+	if err != nil || len(listed) != 1 || listed[0].RelayReaders != 3 {
+		t.Fatalf("ListTopics: %+v, %v", listed, err)
+	}
+	metrics := adminGet(t, holder, "/metrics")
+	if want := fmt.Sprintf("switchboard_topic_bytes_total{direction=\"to_relays\"} %g", float64(3*count*size)); !strings.Contains(metrics, want) {
+		t.Fatalf("metrics lack %q", want)
+	}
+	if page := adminGet(t, holder, control.PathAdmin); !strings.Contains(page, `data-topic="cam/video"`) {
+		t.Fatal("the admin page does not list the topic")
+	}
+}
+
+// adminGet GETs path on r's admin listener with its admin token.
+func adminGet(t *testing.T, r *Relay, path string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, r.AdminURL+path, nil)
+	req.Header.Set("Authorization", "Bearer "+r.AdminToken)
+	resp, err := NewClient(t, false).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", path, resp.Status)
+	}
+	return string(b)
 }
 
 // TestTopicRevokeAndCancelEndEveryRelay: revoking a reader's token ends

@@ -268,6 +268,7 @@ func (n *Node) buildServers() {
 		Metrics:      n.registry,
 		Ready:        n.ready.Load,
 		Draining:     n.draining,
+		Topics:       n.Topics,
 		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
