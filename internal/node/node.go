@@ -66,6 +66,8 @@ type Node struct {
 	publicHandler *relay.Handler
 	topics        *topic.Hub // broadcast topics: /topic/<device>/<name>
 	topicHandler  *topic.Handler
+	fanoutHub     *topic.Hub      // the viewers of shared HTTP streams
+	fanout        *topic.Fanout   // shares the HTTP streams agents mark as broadcasts
 	stopCtx       context.Context // ends when the node starts to shut down
 	stopNow       context.CancelFunc
 	registry      *prometheus.Registry
@@ -241,6 +243,7 @@ func (n *Node) buildServers() {
 	if n.cfg.KeepArrivingAgents {
 		users = n.frontDoorTransport(n.router)
 	}
+	users = n.fanoutTransport(users)
 	n.publicHandler = relay.NewHandler(relay.Config{
 		Transport:     users,
 		VerifyPeer:    n.verifyPeer,
@@ -367,7 +370,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	case <-time.After(time.Until(began.Add(n.cfg.ShutdownDelay))):
 	case <-ctx.Done():
 	}
-	n.topics.Close() // topic connections end with "service restart": their clients come back elsewhere
+	n.closeTopics() // topic connections end with "service restart": their clients come back elsewhere
 	errPublic := n.public.Shutdown(ctx)
 	// Upgraded streams (websockets) passing through here to another relay
 	// run on hijacked connections, which Shutdown does not wait for.
@@ -408,9 +411,7 @@ func (n *Node) closeResources() {
 	if n.broker != nil {
 		n.broker.Close()
 	}
-	if n.topics != nil {
-		n.topics.Close()
-	}
+	n.closeTopics()
 	if n.tunnels != nil {
 		n.tunnels.Close()
 	}

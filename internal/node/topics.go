@@ -37,7 +37,47 @@ func (n *Node) openTopics() error {
 	hub.RegisterMetrics(n.registry)
 	n.topics = hub
 	n.topicHandler = &topic.Handler{Hub: hub, Authorize: n.authorizeTopic, Logger: n.log}
+	// The HTTP streams agents mark as broadcasts share the topics'
+	// limits, in a hub of their own: a relay's copy of one comes through
+	// the holder's like any other request.
+	fc := tc
+	fc.Link, fc.Backlog = nil, 0
+	if n.fanoutHub, err = topic.NewHub(fc); err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
 	return nil
+}
+
+// fanoutTransport shares the streams agents mark as broadcasts: one
+// fetch per relay, every viewer here joining it.
+func (n *Node) fanoutTransport(next http.RoundTripper) http.RoundTripper {
+	n.fanout = &topic.Fanout{
+		Next: next,
+		Hub:  n.fanoutHub,
+		Admit: func(r *http.Request) error {
+			if t, ok := access.TicketFrom(r.Context()); ok {
+				if err := n.spendCode(t); err != nil {
+					return &authError{http.StatusUnauthorized, "this access code was used already; ask for a new one"}
+				}
+			}
+			return nil
+		},
+		Forwarded: func(r *http.Request) bool { return relay.ForwardedFrom(r.Context()) != "" },
+	}
+	return n.fanout
+}
+
+// closeTopics ends the topics' and shared streams' connections.
+func (n *Node) closeTopics() {
+	if n.topics != nil {
+		n.topics.Close()
+	}
+	if n.fanoutHub != nil {
+		n.fanoutHub.Close()
+	}
+	if n.fanout != nil {
+		n.fanout.Close()
+	}
 }
 
 // routeTopics serves the topics at /topic/<device>/<name> and passes
@@ -137,5 +177,13 @@ func (n *Node) authorizeTopicCode(r *http.Request, key topic.Key, mode topic.Mod
 	return nil
 }
 
-// Topics returns the topics on this relay.
-func (n *Node) Topics() []topic.Stats { return n.topics.Stats() }
+// Topics returns the topics on this relay, and the HTTP streams it
+// shares, named "GET <path>".
+func (n *Node) Topics() []topic.Stats {
+	out := n.topics.Stats()
+	for _, s := range n.fanoutHub.Stats() {
+		s.Name = http.MethodGet + " " + s.Name
+		out = append(out, s)
+	}
+	return out
+}

@@ -18,6 +18,11 @@ import (
 // /topic/<device>/<name>.
 const Prefix = "/topic/"
 
+// BroadcastHeader marks a device's answer to a GET as a stream every
+// viewer shares (an agent's --broadcast-path): the relay fetches it once
+// and fans it out. The relay removes it before the answer reaches a user.
+const BroadcastHeader = "X-Switchboard-Broadcast"
+
 // MaxNameLen bounds a topic's name.
 const MaxNameLen = 64
 

@@ -311,6 +311,27 @@ func (w *Writer) Err() error { return w.err }
 // reader: a full queue loses its oldest messages instead.
 func (w *Writer) Publish(m Message) { w.t.publish(m) }
 
+// End ends the topic's stream: its readers get what they have queued,
+// then err from Next. The writer leaves.
+func (w *Writer) End(err error) {
+	t := w.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for r := range t.readers {
+		r.mu.Lock()
+		if r.end == nil {
+			r.end = err
+		}
+		r.signal()
+		r.mu.Unlock()
+		t.removeLocked(r)
+	}
+	if _, ok := t.writers[w]; ok {
+		delete(t.writers, w)
+		t.releaseLocked()
+	}
+}
+
 // Leave ends the writer.
 func (w *Writer) Leave() {
 	t := w.t
@@ -395,6 +416,7 @@ type Reader struct {
 	queue   []Message
 	bytes   int
 	err     error // why the reader was cut; nil while it reads
+	end     error // returned once the queue is empty: the stream ended
 	dropped int64
 }
 
@@ -467,6 +489,11 @@ func (r *Reader) Next(ctx context.Context, buf []Message) ([]Message, error) {
 			r.queue, r.bytes = r.queue[:0], 0
 			r.mu.Unlock()
 			return buf, nil
+		}
+		if r.end != nil {
+			err := r.end
+			r.mu.Unlock()
+			return buf[:0], err
 		}
 		r.mu.Unlock()
 		select {
