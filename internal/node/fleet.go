@@ -155,7 +155,7 @@ func (n *Node) cancelDevice(device, reason string, moved bool) {
 		topics = n.topics.Moved(device)
 	} else {
 		requests = n.broker.CancelDevice(device, fmt.Errorf("the sessions of device %q were cancelled: %s", device, reason))
-		topics = n.topics.CloseDevice(device, topic.ErrCancelled)
+		topics = n.topics.CloseDevice(device, topic.ErrCancelled) + n.fanoutHub.CloseDevice(device, topic.ErrCancelled)
 	}
 	if tunnels > 0 || requests > 0 || topics > 0 {
 		n.log.Info("device sessions dropped", "device", device, "tunnels", tunnels, "requests", requests, "topic_connections", topics, "reason", reason)
