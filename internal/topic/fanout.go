@@ -267,9 +267,6 @@ func (f *Fanout) Close() {
 	f.wg.Wait()
 }
 
-// Stats returns the streams shared now, as topics named by their path.
-func (f *Fanout) Stats() []Stats { return f.Hub.Stats() }
-
 // viewBody is one viewer's answer: the parts its reader gets.
 type viewBody struct {
 	ctx  context.Context

@@ -121,8 +121,8 @@ type Authorizer func(r *http.Request, key Key, mode Mode) (*http.Request, Access
 // topic message, delivered whole, in order, as text or binary as written.
 type Handler struct {
 	Hub       *Hub
-	Authorize Authorizer // required
-	Logger    *slog.Logger
+	Authorize Authorizer   // required
+	Logger    *slog.Logger // receives a line per connection ended; nil discards
 }
 
 // Errors that end a connection.
@@ -222,8 +222,12 @@ func (h *Handler) serve(ctx context.Context, c *websocket.Conn, key Key, mode Mo
 	case <-holderGone:
 		stop(sender.Err())
 	}
-	closeWith(c, context.Cause(end))
+	cause := context.Cause(end)
+	closeWith(c, cause)
 	wg.Wait()
+	if h.Logger != nil {
+		h.Logger.Debug("topic connection ended", "device", key.Device, "topic", key.Name, "mode", mode.String(), "peer", acc.Peer, "cause", cause)
+	}
 }
 
 // readLoop takes the client's messages: a writer's are published (here or

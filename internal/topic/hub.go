@@ -396,13 +396,20 @@ func (t *Topic) cutLocked(err error, peersOnly bool) int {
 	if peersOnly {
 		return n
 	}
+	n += t.endWritersLocked(err)
+	t.releaseLocked()
+	return n
+}
+
+// endWritersLocked ends t's writers with err and returns how many. t.mu
+// is held.
+func (t *Topic) endWritersLocked(err error) int {
+	n := len(t.writers)
 	for w := range t.writers {
 		w.err = err
 		close(w.done)
 		delete(t.writers, w)
-		n++
 	}
-	t.releaseLocked()
 	return n
 }
 
@@ -558,14 +565,15 @@ func (h *Hub) CloseDevice(device string, err error) int {
 	return n
 }
 
-// Moved ends the feeds this relay serves other relays for device's topics
-// and restarts its own feeds, because the device moved: every relay then
-// reads its copy from the device's new holder.
+// Moved follows device to its new holder: this relay ends the copies of
+// device's topics it feeds other relays, and ends its writers (they
+// reconnect, and are sent on to the new holder), and feeds its own
+// readers from the new holder. It returns how many connections it ended.
 func (h *Hub) Moved(device string) int {
 	n := 0
 	for _, t := range h.deviceTopics(device) {
 		t.mu.Lock()
-		n += t.cutLocked(ErrMoved, true)
+		n += t.cutLocked(ErrMoved, true) + t.endWritersLocked(ErrMoved)
 		if t.stopFeed != nil {
 			t.stopFeed()
 			t.stopFeed = nil
@@ -573,6 +581,7 @@ func (h *Hub) Moved(device string) int {
 		if t.users > 0 {
 			t.startFeedLocked()
 		}
+		t.releaseLocked()
 		t.mu.Unlock()
 	}
 	return n

@@ -165,3 +165,52 @@ func TestConfigRefusesBacklogBeyondQueue(t *testing.T) {
 		t.Fatal("a backlog larger than the queue was accepted")
 	}
 }
+
+// fakeLink is a Link whose holder is another relay: Subscribe counts
+// its calls and waits for ctx.
+type fakeLink struct{ subscribes chan Key }
+
+func (l fakeLink) Subscribe(ctx context.Context, key Key, connected func(), _ func(Message)) error {
+	connected()
+	l.subscribes <- key
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (l fakeLink) Publish(context.Context, Key) (Sender, error) { return nil, ErrLocal }
+
+func TestOneFeedPerTopicAndMovedFollowsTheDevice(t *testing.T) {
+	link := fakeLink{subscribes: make(chan Key, 4)}
+	h := newTestHub(t, Config{Link: link})
+	key := Key{"cam", "video"}
+	a, _ := h.Join(key, false)
+	b, _ := h.Join(key, false)
+	peer, _ := h.Join(key, true)
+	w, _ := h.Write(key)
+	<-link.subscribes
+	select {
+	case k := <-link.subscribes:
+		t.Fatalf("a second feed for %v", k)
+	default:
+	}
+	if n := h.Moved("cam"); n != 2 {
+		t.Fatalf("Moved ended %d connections; want the relay's feed and the writer", n)
+	}
+	if _, err := take(t, peer); !errors.Is(err, ErrMoved) {
+		t.Fatalf("another relay's feed: %v; want ErrMoved", err)
+	}
+	select {
+	case <-w.Done():
+	default:
+		t.Fatal("the writer was not ended")
+	}
+	<-link.subscribes // the users' readers are fed anew
+	if _, err := take(t, a); err != nil {
+		t.Fatalf("a user's reader: %v", err)
+	}
+	a.Leave()
+	b.Leave()
+	if s := h.Stats(); len(s) != 0 {
+		t.Fatalf("topics left: %+v", s)
+	}
+}
