@@ -281,3 +281,37 @@ func TestTopicRevokeAndCancelEndEveryRelay(t *testing.T) {
 		}
 	}
 }
+
+// TestTopicThrottledReaderDropsOthersGetEverything: a reader that stops
+// reading loses whole messages, counted on the relay; the writer and two
+// readers that keep up see every message.
+func TestTopicThrottledReaderDropsOthersGetEverything(t *testing.T) {
+	r := StartRelay(t, func(c *node.Config) { c.Topics = topic.Config{QueueMessages: 4, MaxLag: -1} })
+	tok := r.Token(t, auth.KindUser, "viewer", "cam")
+	stuck := dialTopic(t, topicURL(r, "cam", "video", ""), tok) // never reads
+	fast := []*websocket.Conn{dialTopic(t, topicURL(r, "cam", "video", ""), tok), dialTopic(t, topicURL(r, "cam", "video", ""), tok)}
+	waitTopicReaders(t, r, "cam", "video", 3, false)
+	w := dialTopic(t, topicURL(r, "cam", "video", "mode=write"), tok)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const count, size = 300, 64 << 10
+	for i := range count {
+		payload := bytes.Repeat([]byte{byte(i)}, size)
+		if err := w.Write(ctx, websocket.MessageBinary, payload); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		for k, c := range fast {
+			if _, data, err := c.Read(ctx); err != nil || !bytes.Equal(data, payload) {
+				t.Fatalf("reader %d, message %d: %d bytes, %v", k, i, len(data), err)
+			}
+		}
+	}
+	s, _ := topicOf(r, "cam", "video")
+	if s.Dropped == 0 || s.Delivered < 2*count {
+		t.Fatalf("%+v: want drops for the reader that stopped, every message for the others", s)
+	}
+	if m := adminGet(t, r, "/metrics"); !strings.Contains(m, fmt.Sprintf(`switchboard_topic_dropped_messages_total{device="cam",topic="video"} %d`, s.Dropped)) {
+		t.Fatalf("the metrics do not count the %d messages lost", s.Dropped)
+	}
+	stuck.CloseNow()
+}

@@ -89,7 +89,7 @@ func (f *Fanout) RoundTrip(req *http.Request) (*http.Response, error) {
 	// broadcast; until then it ends with the viewer.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
 	stop := context.AfterFunc(req.Context(), cancel)
-	resp, err := f.Next.RoundTrip(req.Clone(ctx))
+	resp, err := f.Next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		stop()
 		cancel()
