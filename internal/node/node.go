@@ -132,6 +132,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.tunnels = tunnel.NewPool(cfg.Liveness, n.log)
 	n.tunnels.MaxStreams = cfg.MaxStreamsPerAgent
 	n.tunnels.RegisterMetrics(n.registry)
+	if err := n.openTopics(); err != nil { // before the fleet, whose cancels reach them
+		return nil, err
+	}
 	if err := n.openListeners(); err != nil {
 		return nil, err
 	}
@@ -142,9 +145,6 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if err := n.subscribeSpentCodes(); err != nil {
-		return nil, err
-	}
-	if err := n.openTopics(); err != nil {
 		return nil, err
 	}
 	n.buildServers()

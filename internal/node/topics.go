@@ -16,7 +16,9 @@ import (
 
 // openTopics makes the relay's topic hub: topics of devices held here
 // live here; a topic of a device held elsewhere is fed here once, from
-// its holder, for all of this relay's readers.
+// its holder, for all of this relay's readers. The link to the holders
+// reads the fleet member and the peer signer when it is used: both are
+// opened after the hub.
 func (n *Node) openTopics() error {
 	tc := n.cfg.Topics
 	tc.Complete()
@@ -26,7 +28,7 @@ func (n *Node) openTopics() error {
 			t, ok := n.member.Route(device, n.cfg.Region, n.forwardVetoed, "")
 			return t.ID, t.Address, t.Self, ok
 		},
-		Sign:            n.signer.SignFor,
+		Sign:            func(h http.Header, device, to string) { n.signer.SignFor(h, device, to) }, // the signer comes with the fleet
 		Client:          &http.Client{Transport: &http.Transport{TLSClientConfig: n.peerTLS.Clone(), Proxy: nil}},
 		MaxMessageBytes: tc.MaxMessageBytes,
 	}
