@@ -224,3 +224,93 @@ func TestBroadcastPathFetchedOncePerFleet(t *testing.T) {
 		return nil
 	})
 }
+
+// TestBroadcastServerSentEventsJoinAtTheNextEvent: a second viewer of a
+// shared event stream starts at the next whole event, and the device
+// serves the stream once.
+func TestBroadcastServerSentEventsJoinAtTheNextEvent(t *testing.T) {
+	r := StartRelay(t)
+	events := make(chan string)
+	var gets atomic.Int32
+	backend := httptestServer(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		gets.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		for {
+			select {
+			case e := <-events:
+				// An event in two writes: a viewer never sees half of one.
+				io.WriteString(w, "id: "+e+"\ndata: "+e)
+				w.(http.Flusher).Flush()
+				io.WriteString(w, " done\n\n")
+				w.(http.Flusher).Flush()
+			case <-req.Context().Done():
+				return
+			}
+		}
+	}))
+	StartAgent(t, r, "cam", backend, r.Token(t, auth.KindAgent, "cam agent", "cam"), func(c *agent.Config) {
+		c.BroadcastPaths = []string{"/events"}
+	})
+	r.WaitDevice(t, "cam")
+	tok := r.Token(t, auth.KindUser, "viewer", "cam")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	open := func() *bufio.Reader {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+"/client/cam/events", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := NewClient(t, false).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return bufio.NewReader(resp.Body)
+	}
+	event := func(br *bufio.Reader) string {
+		var lines []string
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l == "\n" {
+				return strings.Join(lines, "|")
+			}
+			lines = append(lines, strings.TrimSuffix(l, "\n"))
+		}
+	}
+	first := open()
+	Eventually(t, 10*time.Second, func() error {
+		if fanoutViewersOf(r, "GET /events") != 1 {
+			return errNotYet
+		}
+		return nil
+	})
+	events <- "1"
+	if got := event(first); got != "id: 1|data: 1 done" {
+		t.Fatalf("first viewer: %q", got)
+	}
+	second := open()
+	Eventually(t, 10*time.Second, func() error {
+		if fanoutViewersOf(r, "GET /events") != 2 {
+			return errNotYet
+		}
+		return nil
+	})
+	events <- "2"
+	for i, br := range []*bufio.Reader{first, second} {
+		if got := event(br); got != "id: 2|data: 2 done" {
+			t.Fatalf("viewer %d: %q", i+1, got)
+		}
+	}
+	if n := gets.Load(); n != 1 {
+		t.Fatalf("the device served %d GETs for two viewers; want 1", n)
+	}
+}
+
+// fanoutViewersOf is how many viewers share the stream name on r.
+func fanoutViewersOf(r *Relay, name string) int {
+	s, _ := topicOf(r, "cam", name)
+	return s.Readers
+}
