@@ -48,15 +48,23 @@ type Fanout struct {
 	MaxPartBytes int
 
 	mu      sync.Mutex // guards streams
-	streams map[string]*shared
+	streams map[streamID]*shared
 	wg      sync.WaitGroup // the pumps
 }
 
 var _ http.RoundTripper = (*Fanout)(nil)
 
+// streamID names a shared stream without building a string per request.
+type streamID struct{ device, path, query string }
+
+func idOf(req *http.Request) streamID {
+	return streamID{req.URL.Host, req.URL.EscapedPath(), req.URL.RawQuery}
+}
+
 // shared is one stream fetched once and shared.
 type shared struct {
-	key    Key
+	id     streamID
+	key    Key // in the hub: the device, and the path and query as Name
 	status int
 	header http.Header
 	body   io.ReadCloser
@@ -75,8 +83,8 @@ func (f *Fanout) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !shareable(req) {
 		return f.pass(f.Next.RoundTrip(req))
 	}
-	key := Key{Device: req.URL.Host, Name: req.URL.RequestURI()}
-	if s := f.view(key); s != nil {
+	id := idOf(req)
+	if s := f.view(id); s != nil {
 		if f.Admit != nil {
 			if err := f.Admit(req); err != nil {
 				f.unview(s)
@@ -100,7 +108,7 @@ func (f *Fanout) RoundTrip(req *http.Request) (*http.Response, error) {
 		return f.pass(resp, nil)
 	}
 	stop()
-	s := f.start(key, resp, cancel)
+	s := f.start(id, req, resp, cancel)
 	return f.join(req, s)
 }
 
@@ -119,11 +127,11 @@ func (f *Fanout) pass(resp *http.Response, err error) (*http.Response, error) {
 	return resp, err
 }
 
-// view returns the running stream key with one more viewer, or nil.
-func (f *Fanout) view(key Key) *shared {
+// view returns the running stream id with one more viewer, or nil.
+func (f *Fanout) view(id streamID) *shared {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s := f.streams[key.Name+"\x00"+key.Device]
+	s := f.streams[id]
 	if s != nil {
 		s.views++
 	}
@@ -137,17 +145,17 @@ func (f *Fanout) unview(s *shared) {
 	if s.views--; s.views > 0 {
 		return
 	}
-	if id := s.key.Name + "\x00" + s.key.Device; f.streams[id] == s {
-		delete(f.streams, id)
+	if f.streams[s.id] == s {
+		delete(f.streams, s.id)
 	}
 	s.cancel()
 }
 
-// start shares the stream resp, whose first viewer is its requester.
-// Another viewer's fetch of key that turned out a broadcast meanwhile is
-// joined instead, and resp closed.
-func (f *Fanout) start(key Key, resp *http.Response, cancel context.CancelFunc) *shared {
-	id := key.Name + "\x00" + key.Device
+// start shares the stream resp, whose first viewer is its requester
+// req. Another viewer's fetch of id that turned out a broadcast meanwhile
+// is joined instead, and resp closed.
+func (f *Fanout) start(id streamID, req *http.Request, resp *http.Response, cancel context.CancelFunc) *shared {
+	key := Key{Device: id.device, Name: req.URL.RequestURI()}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if s := f.streams[id]; s != nil {
@@ -164,9 +172,9 @@ func (f *Fanout) start(key Key, resp *http.Response, cancel context.CancelFunc) 
 	}
 	h := resp.Header.Clone()
 	h.Del("Content-Length")
-	s := &shared{key: key, status: resp.StatusCode, header: h, body: resp.Body, cancel: cancel, writer: w, split: splitterFor(h.Get("Content-Type")), views: 1}
+	s := &shared{id: id, key: key, status: resp.StatusCode, header: h, body: resp.Body, cancel: cancel, writer: w, split: splitterFor(h.Get("Content-Type")), views: 1}
 	if f.streams == nil {
-		f.streams = map[string]*shared{}
+		f.streams = map[streamID]*shared{}
 	}
 	f.streams[id] = s
 	return s
@@ -246,8 +254,8 @@ func (f *Fanout) pump(s *shared, body io.ReadCloser) {
 			}
 			f.mu.Lock()
 			s.ended = true
-			if id := s.key.Name + "\x00" + s.key.Device; f.streams[id] == s {
-				delete(f.streams, id) // newcomers fetch anew
+			if f.streams[s.id] == s {
+				delete(f.streams, s.id) // newcomers fetch anew
 			}
 			f.mu.Unlock()
 			s.writer.End(errStreamEnded)
