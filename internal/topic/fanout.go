@@ -172,6 +172,9 @@ func (f *Fanout) start(id streamID, req *http.Request, resp *http.Response, canc
 	}
 	h := resp.Header.Clone()
 	h.Del("Content-Length")
+	// The device answered one viewer's request: what it set for that
+	// viewer is not for the others.
+	h.Del("Set-Cookie")
 	s := &shared{id: id, key: key, status: resp.StatusCode, header: h, body: resp.Body, cancel: cancel, writer: w, split: splitterFor(h.Get("Content-Type")), views: 1}
 	if f.streams == nil {
 		f.streams = map[streamID]*shared{}

@@ -31,6 +31,7 @@ func (d *mjpegDevice) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer d.running.Add(-1)
 	w.Header().Set("Content-Type", "multipart/x-mixed-replace; boundary=frame")
 	w.Header().Set(BroadcastHeader, "1")
+	w.Header().Set("Set-Cookie", "viewer=first")
 	w.WriteHeader(http.StatusOK)
 	w.(http.Flusher).Flush()
 	for {
@@ -124,6 +125,9 @@ func TestFanoutFetchesOnceViewersJoinAtTheNextFrame(t *testing.T) {
 		}
 		if resp.Header.Get(BroadcastHeader) != "" {
 			t.Error("the broadcast marker reached a user")
+		}
+		if c := resp.Header.Get("Set-Cookie"); c != "" {
+			t.Errorf("a viewer of a shared stream got the cookie %q the device set for one of them", c)
 		}
 		if !strings.HasPrefix(resp.Header.Get("Content-Type"), "multipart/x-mixed-replace") {
 			t.Errorf("content type %q", resp.Header.Get("Content-Type"))
