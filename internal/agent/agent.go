@@ -13,6 +13,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -42,6 +43,10 @@ func New(cfg Config) (*Agent, error) {
 	var id [8]byte
 	rand.Read(id[:])
 	relayTransport := newRelayTransport(&cfg)
+	var backend http.RoundTripper = newBackendTransport(&cfg)
+	if len(cfg.BroadcastPaths) > 0 {
+		backend = &broadcastMarker{next: backend, prefix: strings.TrimSuffix(cfg.Backend.Path, "/"), paths: cfg.BroadcastPaths}
+	}
 	return &Agent{
 		cfg:      cfg,
 		instance: hex.EncodeToString(id[:]),
@@ -50,7 +55,7 @@ func New(cfg Config) (*Agent, error) {
 			return http.ErrUseLastResponse
 		}},
 		backend: &http.Client{
-			Transport: newBackendTransport(&cfg),
+			Transport: backend,
 			CheckRedirect: func(*http.Request, []*http.Request) error {
 				return http.ErrUseLastResponse // the user's client follows redirects, not us
 			},

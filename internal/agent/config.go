@@ -38,6 +38,12 @@ type Config struct {
 	// BackendRootCAs verifies an https:// backend's certificate; nil means
 	// the system pool.
 	BackendRootCAs *x509.CertPool
+	// BroadcastPaths are paths of the device (as users see them, under
+	// /client/<device>) whose GETs answer one stream for every viewer:
+	// MJPEG, server-sent events, followed logs. The agent marks their
+	// answers, and each relay then fetches such a stream once and shares
+	// it among its viewers, each joining at the next part. Default none.
+	BroadcastPaths []string
 	// DisableHTTP2 keeps the backend connection on HTTP/1.1 even over TLS.
 	DisableHTTP2 bool
 	// PreserveHost sends the user's Host header to the backend instead of the
@@ -113,6 +119,11 @@ func (c *Config) Validate() error {
 	var errs []error
 	if len(c.Relays) == 0 {
 		errs = append(errs, errors.New("no relay given: set --relay to a relay's URL, e.g. http://127.0.0.1:8080"))
+	}
+	for _, p := range c.BroadcastPaths {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# ") {
+			errs = append(errs, fmt.Errorf("--broadcast-path %q must be a path starting with '/', without query or spaces, e.g. /stream.mjpeg", p))
+		}
 	}
 	for _, u := range c.Relays {
 		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {

@@ -24,6 +24,7 @@ type agentFlags struct {
 	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket                  bool
 	maxChunk, blockSize, pending                                                   int
 	liveness                                                                       tunnel.Liveness
+	broadcast                                                                      []string
 
 	// The reference agent's names, used when ours are not given.
 	relayScheme, relayAddress, backendScheme, backendAddress, backendPath string
@@ -36,6 +37,10 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.backendH2C, "backend-h2c", false, "speak HTTP/2 cleartext to the backend (gRPC)")
 	fs.StringVar(&f.backendCA, "backend-ca-file", "", "PEM `file` of the CAs that sign an https:// backend's certificate (e.g. a cluster's API server); empty = the system roots")
 	fs.StringVar(&f.tokenFile, "token-file", "", "`file` holding the agent token")
+	fs.Func("broadcast-path", "a device `path` (e.g. /stream.mjpeg) whose GET answers one stream for every viewer: each relay fetches it once and shares it; repeat for more", func(p string) error {
+		f.broadcast = append(f.broadcast, p)
+		return nil
+	})
 	fs.StringVar(&f.token, "token", "", "the agent `token` (prefer --token-file or SWITCHBOARD_TOKEN: flags show in ps)")
 	fs.StringVar(&f.protocol, "protocol", agent.ProtocolNative, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
 	fs.BoolVar(&f.websocket, "websocket", false, "carry the native tunnel in a WebSocket (for paths that pass only websockets)")
@@ -110,6 +115,7 @@ func (f *agentFlags) config() (agent.Config, error) {
 		return cfg, err
 	}
 	cfg.Token = token
+	cfg.BroadcastPaths = f.broadcast
 	if f.backendCA != "" {
 		if cfg.BackendRootCAs, err = tlsconf.LoadCAPool(f.backendCA); err != nil {
 			return cfg, fmt.Errorf("--backend-ca-file: %w", err)

@@ -44,6 +44,7 @@ commands:
   devices list          list the devices in the directory and the relays holding them
   devices show NAME     show one device and its relay
   devices cancel NAME   drop every session of a device on every relay; its agents reconnect
+  topics                list the broadcast topics on this relay: readers, relays fed, drops
   tokens create --device NAME [--device NAME...] [--name TEXT]
                         create an agent token that may serve these devices
   tokens create --user NAME [--device NAME...]
@@ -75,7 +76,7 @@ flags:
 `
 
 // ctlCommands are the ctl commands this build has.
-const ctlCommands = "relays, devices, tokens, codes, events, status, roll, secret, stop"
+const ctlCommands = "relays, devices, topics, tokens, codes, events, status, roll, secret, stop"
 
 // ctlGlobals are the flags every ctl command takes.
 type ctlGlobals struct {
@@ -173,6 +174,8 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return runRelays(ctx, g, rest[1:], stdout, stderr)
 	case "devices":
 		return runDevices(ctx, g, rest[1:], stdout, stderr)
+	case "topics":
+		return runTopics(ctx, g, rest[1:], stdout, stderr)
 	case "tokens":
 		return runTokens(ctx, g, rest[1:], stdout, stderr)
 	case "codes":

@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
@@ -67,6 +68,11 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block in `bytes`")
 	fs.DurationVar(&cfg.IdleStreamTimeout, "idle-stream-timeout", 60*time.Second, "cut a request when no byte moved either way for this `long` while the relay waited on the client (408 for a stalled body); negative = never")
 	fs.IntVar(&cfg.MaxStreamsPerAgent, "max-streams-per-agent", tunnel.DefaultMaxStreams, "most `requests` in flight to one native agent; beyond, users get 503 with Retry-After")
+	fs.IntVar(&cfg.Topics.QueueMessages, "topic-queue-messages", topic.DefaultQueueMessages, "topics: `messages` one reader may have waiting; beyond, it loses the oldest, whole")
+	fs.IntVar(&cfg.Topics.QueueBytes, "topic-queue-bytes", topic.DefaultQueueBytes, "topics: `bytes` of messages one reader may have waiting; beyond, it loses the oldest, whole")
+	fs.DurationVar(&cfg.Topics.MaxLag, "topic-max-lag", topic.DefaultMaxLag, "topics: cut a reader whose oldest waiting message is this `duration` old, or that took as long to take one; negative = never")
+	fs.IntVar(&cfg.Topics.MaxMessageBytes, "topic-max-message-bytes", topic.DefaultMaxMessageBytes, "topics: largest message in `bytes` a writer may send; larger ends its connection (1009)")
+	fs.IntVar(&cfg.Topics.Backlog, "topic-backlog", 0, "topics: a new reader first gets this many of the topic's last `messages` (at most the queue's length)")
 	fs.DurationVar(&cfg.Liveness.Interval, "tunnel-ping-interval", 400*time.Millisecond, "native tunnels: `interval` of the agents' pings; the relay pings after twice this silence")
 	fs.DurationVar(&cfg.Liveness.Timeout, "tunnel-ping-timeout", 800*time.Millisecond, "native tunnels: the relay gives a silent agent up after half this `long` past its own ping")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", 8*time.Hour, "how `long` the browser session an access code opens lasts (revoking the token ends it sooner)")

@@ -17,6 +17,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/limit"
+	"github.com/switchboard-relay/switchboard/internal/topic"
 )
 
 // Paths of the admin page, a server-rendered view of the fleet for people.
@@ -323,6 +324,9 @@ func (p *adminPage) show(w http.ResponseWriter, r *http.Request, who caller) {
 	if f := p.h.cfg.Fleet; f != nil {
 		p.fillFleet(r.Context(), &v, f)
 	}
+	if p.h.cfg.Topics != nil {
+		v.Topics = p.h.cfg.Topics()
+	}
 	p.render(w, http.StatusOK, "page", v)
 }
 
@@ -413,6 +417,7 @@ type fleetView struct {
 	Devices     []deviceRow
 	Events      []eventRow
 	EventsError string
+	Topics      []topic.Stats // on this relay
 }
 
 type relayRow struct {

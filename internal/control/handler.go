@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/limit"
+	"github.com/switchboard-relay/switchboard/internal/topic"
 )
 
 // Log attribute keys used by this package.
@@ -61,6 +62,9 @@ type Config struct {
 	// the admin listener's own, so that failures on the public listener
 	// do not count against the operator.
 	AuthFailures *limit.Limiter
+	// Topics, if set, lists the broadcast topics on this relay (GET
+	// /api/v1/topics and the admin page); nil lists none.
+	Topics func() []topic.Stats
 	// Stop, if set, makes the relay drain and stop as on SIGTERM (POST
 	// /api/v1/relay/stop, a preStop hook's call); nil answers 503.
 	Stop func()
@@ -96,6 +100,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.Handle("POST "+PathCodes, h.adminOrUser(h.createCode))
 	mux.Handle("POST "+PathStop, h.admin(h.stop))
 	h.routeFleet(mux)
+	h.routeTopics(mux)
 	h.routeAdmin(mux)
 	// Go's profiles, for the admin token only: they show the relay's
 	// internals and a CPU profile costs CPU while it runs.

@@ -15,6 +15,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
@@ -103,6 +104,10 @@ type Config struct {
 	AllowAnonymousAgents bool
 	// Broker holds the long-poll timeouts and limits; see broker.Config.
 	Broker broker.Config
+	// Topics sets the broadcast topics' per-reader queues, lag limit,
+	// message size and backlog; see topic.Config for the defaults (Link
+	// and Logger are filled in).
+	Topics topic.Config
 	// Liveness sets the native tunnels' pings; see tunnel.Liveness.
 	Liveness tunnel.Liveness
 	// MaxChunkBytes caps one response chunk posted by a long-poll agent.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
+	"github.com/switchboard-relay/switchboard/internal/topic"
 )
 
 // local is the relay's own state as its fleet member reports it.
@@ -161,14 +162,16 @@ func (n *Node) movable(device string) bool {
 // the new holder; requests in flight finish.
 func (n *Node) cancelDevice(device, reason string, moved bool) {
 	tunnels := n.tunnels.CloseDevice(device)
-	requests := 0
+	requests, topics := 0, 0
 	if moved {
 		n.broker.ForgetDevice(device)
+		topics = n.topics.Moved(device)
 	} else {
 		requests = n.broker.CancelDevice(device, fmt.Errorf("the sessions of device %q were cancelled: %s", device, reason))
+		topics = n.topics.CloseDevice(device, topic.ErrCancelled) + n.fanoutHub.CloseDevice(device, topic.ErrCancelled)
 	}
-	if tunnels > 0 || requests > 0 {
-		n.log.Info("device sessions dropped", "device", device, "tunnels", tunnels, "requests", requests, "reason", reason)
+	if tunnels > 0 || requests > 0 || topics > 0 {
+		n.log.Info("device sessions dropped", "device", device, "tunnels", tunnels, "requests", requests, "topic_connections", topics, "reason", reason)
 	}
 	n.member.Changed()
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
+	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
@@ -67,6 +68,10 @@ type Node struct {
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
 	publicHandler *relay.Handler
+	topics        *topic.Hub // broadcast topics: /topic/<device>/<name>
+	topicHandler  *topic.Handler
+	fanoutHub     *topic.Hub      // the viewers of shared HTTP streams
+	fanout        *topic.Fanout   // shares the HTTP streams agents mark as broadcasts
 	stopCtx       context.Context // ends when the node starts to shut down
 	stopNow       context.CancelFunc
 	registry      *prometheus.Registry
@@ -131,6 +136,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.tunnels = tunnel.NewPool(cfg.Liveness, n.log)
 	n.tunnels.MaxStreams = cfg.MaxStreamsPerAgent
 	n.tunnels.RegisterMetrics(n.registry)
+	if err := n.openTopics(); err != nil { // before the fleet, whose cancels reach them
+		return nil, err
+	}
 	if err := n.openListeners(); err != nil {
 		return nil, err
 	}
@@ -239,6 +247,7 @@ func (n *Node) buildServers() {
 	if n.cfg.KeepArrivingAgents {
 		users = n.frontDoorTransport(n.router)
 	}
+	users = n.fanoutTransport(users)
 	n.publicHandler = relay.NewHandler(relay.Config{
 		Transport:     users,
 		VerifyPeer:    n.verifyPeer,
@@ -249,7 +258,7 @@ func (n *Node) buildServers() {
 		StallTimeout:  n.cfg.IdleStreamTimeout,
 		Logger:        n.log,
 	})
-	n.public = n.newServer(n.sessions.Wrap(n.publicHandler), n.publicTLS)
+	n.public = n.newServer(n.sessions.Wrap(n.routeTopics(n.publicHandler)), n.publicTLS)
 	n.public.Protocols = new(http.Protocols)
 	n.public.Protocols.SetHTTP1(true)
 	if n.publicTLS != nil {
@@ -267,6 +276,7 @@ func (n *Node) buildServers() {
 		Metrics:      n.registry,
 		Ready:        n.ready.Load,
 		Draining:     n.draining,
+		Topics:       n.Topics,
 		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
@@ -365,6 +375,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	case <-time.After(time.Until(began.Add(n.cfg.ShutdownDelay))):
 	case <-ctx.Done():
 	}
+	n.closeTopics() // topic connections end with "service restart": their clients come back elsewhere
 	errPublic := n.public.Shutdown(ctx)
 	// Upgraded streams (websockets) passing through here to another relay
 	// run on hijacked connections, which Shutdown does not wait for.
@@ -405,6 +416,7 @@ func (n *Node) closeResources() {
 	if n.broker != nil {
 		n.broker.Close()
 	}
+	n.closeTopics()
 	if n.tunnels != nil {
 		n.tunnels.Close()
 	}
