@@ -19,8 +19,9 @@ import "time"
 // the freeze, would look as old as the outage was long, and every peer
 // would turn stale (or lost, or reapable) for the moment until it beats
 // again. So the time the mirror was frozen does not count toward any
-// silence that began before it: a peer that was fresh when the view froze
-// is fresh when it thaws, and has its fresh window to beat again.
+// silence that began before it, nor does the time the peers take to come
+// back (ThawGrace): a peer that was fresh when the view froze is fresh when
+// it thaws, and has ThawGrace and then its fresh window to beat again.
 
 // view is the relay set as this relay's mirror holds it, judged at one moment.
 type view struct {
@@ -60,12 +61,20 @@ func viewAt(now, ownBeat time.Time, ok bool, interval time.Duration) time.Time {
 	return now
 }
 
+// ThawGrace is how long after a thaw a peer's silence that began before the
+// freeze stays as long as it was when the view froze: the time the peers
+// take to reach NATS again and beat (nats.go retries a lost server every
+// 2 s, and each relay's connection comes back on its own schedule). The
+// watchdog's probes, not heartbeats, say meanwhile whether a peer answers.
+const ThawGrace = 5 * time.Second
+
 // age is how old a heartbeat sent at lastSeen was when the view was current,
-// not counting the time the view was frozen since.
+// not counting the time the view was frozen since, nor, for a silence that
+// began before the freeze, up to ThawGrace after it.
 func (v view) age(lastSeen time.Time) time.Duration {
 	a := v.at.Sub(lastSeen)
 	if f := v.frozen; f != nil && lastSeen.Before(f.from) && !v.at.Before(f.to) {
-		a -= f.to.Sub(f.from)
+		a -= f.to.Sub(f.from) + min(v.at.Sub(f.to), ThawGrace)
 	}
 	return a
 }

@@ -49,8 +49,9 @@ func TestViewFreshness(t *testing.T) {
 }
 
 // TestThawedView: once this relay's beats come back after a freeze, a peer
-// whose last beat came before the freeze is not aged by the freeze: fresh
-// for one window after the thaw, stale after it if it has not beaten again;
+// whose last beat came before the freeze is not aged by the freeze, nor for
+// ThawGrace after it: fresh for the grace and one window after the thaw,
+// stale after them if it has not beaten again;
 // silences that began after the freeze count in full.
 func TestThawedView(t *testing.T) {
 	const (
@@ -77,7 +78,9 @@ func TestThawedView(t *testing.T) {
 		wantFresh bool
 	}{
 		{"at the thaw, peer beat just before the freeze", at(70 * time.Second), at(11 * time.Second), time.Second, true},
-		{"one window after the thaw, no new beat", at(76 * time.Second), at(11 * time.Second), 7 * time.Second, false},
+		{"within the grace after the thaw, no new beat yet", at(74 * time.Second), at(11 * time.Second), time.Second, true},
+		{"more than a window after the thaw, but the grace comes first", at(78 * time.Second), at(11 * time.Second), 4 * time.Second, true},
+		{"the grace and a window after the thaw, no new beat", at(81 * time.Second), at(11 * time.Second), 7 * time.Second, false},
 		{"at the thaw, peer already stale when it froze", at(70 * time.Second), at(4 * time.Second), 8 * time.Second, false},
 		{"peer beat after the thaw", at(72 * time.Second), at(71 * time.Second), time.Second, true},
 		{"peer's last beat during the freeze counts in full", at(72 * time.Second), at(50 * time.Second), 22 * time.Second, false},
