@@ -20,10 +20,10 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/control"
 )
 
-// Binary returns bin, or builds ./cmd/switchboard into dir and returns its
-// path when bin is empty. Run it from the module's root.
+// Binary returns bin, or builds cmd/switchboard into dir and returns its
+// path when bin is empty. Run it from within the module.
 func Binary(bin, dir string) (string, error) {
-	return Build(bin, dir, "switchboard", "./cmd/switchboard")
+	return Build(bin, dir, "switchboard", "github.com/switchboard-relay/switchboard/cmd/switchboard")
 }
 
 // Build returns bin, or builds the package pkg (a path of this module or of
