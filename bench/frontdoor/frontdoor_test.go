@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 )
 
 // TestBehindFrontDoor runs three relays behind the real nginx and the real
@@ -32,7 +34,7 @@ func TestBehindFrontDoor(t *testing.T) {
 				t.Skip(err)
 			}
 			if bin == "" {
-				if bin, err = buildSwitchboard("", root, binDir); err != nil {
+				if bin, err = benchkit.Binary("", binDir); err != nil {
 					t.Fatal(err)
 				}
 			}
