@@ -4,7 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
 	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // bin is the switchboard binary, built once by TestMain for every test.
@@ -42,7 +46,7 @@ func run(m *testing.M) int {
 // devices, an agent of protocol proto knowing every relay, first a
 // different one; it waits until every device is online. Everything stops
 // when the test ends; the relays' logs are shown when it failed.
-func startFleet(t *testing.T, ctx context.Context, cfg procfleet.Config, proto func(i int) string, devices []string) *procfleet.Fleet {
+func startFleet(t *testing.T, ctx context.Context, cfg procfleet.Config, proto func(i int) string, devices []string, agentLog io.Writer) *procfleet.Fleet {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts relay processes")
@@ -66,7 +70,8 @@ func startFleet(t *testing.T, ctx context.Context, cfg procfleet.Config, proto f
 	agents := procfleet.NewAgents(ctx)
 	t.Cleanup(agents.Stop) // before the backend and the relays close
 	for i, d := range devices {
-		if err := agents.Start(agent.Config{Relays: procfleet.Rotate(f.Entries(), i), Device: d, Backend: backend.URL(), Protocol: proto(i)}); err != nil {
+		if err := agents.Start(agent.Config{Relays: procfleet.Rotate(f.Entries(), i), Device: d, Backend: backend.URL(), Protocol: proto(i),
+			Logger: slog.New(slog.NewTextHandler(agentLog, &slog.HandlerOptions{Level: slog.LevelDebug})).With("agent", d)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -96,10 +101,19 @@ const backWithin = 10 * time.Second
 // again through the relays left within backWithin, and no GET sent through
 // a relay that stayed up fails.
 func TestFailoverKillThenFreeze(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	devices := names("dev", 60)
-	f := startFleet(t, ctx, procfleet.Config{Relays: 3}, func(int) string { return agent.ProtocolNative }, devices)
+	agentLog := &testkit.Buffer{}
+	// The relays probe each other faster than by default, so that a
+	// survivor vetoes the frozen relay (within about 0.4 s) before the
+	// agents give it up as silent (1.2 s). With the defaults (a veto after
+	// 0.8 s or more) an agent may be sent back to the frozen relay by a
+	// survivor that still ranks it first, and its dial there waits out
+	// 15 s: a delay this test would report, not the failover it checks.
+	cfg := procfleet.Config{Relays: 3, LogLevel: "info", Args: []string{"--probe-interval", "100ms", "--probe-timeout", "200ms"}}
+	f := startFleet(t, ctx, cfg, func(int) string { return agent.ProtocolNative }, devices, agentLog)
 	load := procfleet.StartLoad(ctx, f.Relays(), devices, 5*time.Millisecond)
 	defer load.Stop()
 
@@ -134,6 +148,13 @@ func TestFailoverKillThenFreeze(t *testing.T) {
 		t.Logf("%s relay %d with %d devices: every device back within %s; load so far: %s", step.name, victim.N, len(held), slowest.Round(time.Millisecond), load.Summary())
 		if len(lost) > 0 {
 			t.Errorf("%s: %d of %d devices did not answer again within %s: %v", step.name, len(lost), len(held), backWithin, lost)
+			for line := range strings.Lines(agentLog.String()) {
+				for _, d := range lost {
+					if strings.Contains(line, "agent="+d) {
+						t.Logf("agent: %s", strings.TrimSpace(line))
+					}
+				}
+			}
 		}
 		if err := f.WaitOnline(ctx, devices); err != nil {
 			t.Fatalf("after the %s: %v", step.name, err)
@@ -187,6 +208,7 @@ func firstAnswers(ctx context.Context, relays []*procfleet.Relay, devices []stri
 // load of GETs and POSTs going to the relays that are up: every relay
 // comes back reporting the new version, and no request fails.
 func TestRollUnderLoad(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	devices := append(names("n", 8), names("lp", 2)...)
@@ -196,7 +218,7 @@ func TestRollUnderLoad(t *testing.T) {
 		}
 		return agent.ProtocolNative
 	}
-	f := startFleet(t, ctx, procfleet.Config{Relays: 3, Version: "v1", Args: []string{"--drain-spread", "500ms"}}, proto, devices)
+	f := startFleet(t, ctx, procfleet.Config{Relays: 3, Version: "v1", Args: []string{"--drain-spread", "500ms"}}, proto, devices, io.Discard)
 	load := procfleet.StartLoad(ctx, f.Relays(), devices, 10*time.Millisecond)
 	defer load.Stop()
 	if dir, err := f.Online(ctx); err == nil {
