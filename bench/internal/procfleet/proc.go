@@ -77,8 +77,8 @@ func (p *Proc) Signal(sig syscall.Signal) error {
 	return nil
 }
 
-// Kill kills the process with SIGKILL (resuming it first, should it be
-// frozen) and waits until it has exited.
+// Kill kills the process with SIGKILL (which ends a frozen process too)
+// and waits until it has exited.
 func (p *Proc) Kill() {
 	p.Signal(syscall.SIGKILL)
 	<-p.done
