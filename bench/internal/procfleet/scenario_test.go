@@ -18,7 +18,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
-// bin is the switchboard binary, built once by TestMain for every test.
+// bin is the switchboard binary, built (or found up to date) by TestMain.
 var bin string
 
 func TestMain(m *testing.M) {
@@ -27,14 +27,9 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	flag.Parse()
-	dir, err := os.MkdirTemp("", "procfleet-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
 	if !testing.Short() {
-		if bin, err = benchkit.Binary("", dir); err != nil {
+		var err error
+		if bin, err = benchkit.SharedBinary(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
