@@ -15,11 +15,9 @@ import (
 	"io"
 	"log"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -27,9 +25,8 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
 	"github.com/switchboard-relay/switchboard/internal/agent"
-	"github.com/switchboard-relay/switchboard/internal/control"
-	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -72,52 +69,24 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := store.Open(ctx, store.Config{DataDir: filepath.Join(dir, "nats"), Listen: "127.0.0.1:0"})
+	f, err := procfleet.Start(ctx, procfleet.Config{Bin: bin, Dir: dir, Relays: 2, Output: os.Stderr,
+		Args: []string{"--max-forward", fmt.Sprint(2 * n), "--drain-spread", spread.String(),
+			"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String()}})
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	type relay struct{ port, admin, dir string }
-	var relays []relay
-	var cmds []*exec.Cmd
-	defer func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-			c.Wait()
-		}
-	}()
-	for i := range 2 {
-		r := relay{port: benchkit.FreePort(), admin: benchkit.FreePort(), dir: filepath.Join(dir, fmt.Sprint("relay", i))}
-		cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
-			"--data", r.dir, "--nats", st.ClientURL(), "--advertise", "http://127.0.0.1:"+r.port,
-			"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error",
-			"--max-forward", fmt.Sprint(2*n), "--drain-spread", spread.String(),
-			"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String())
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		cmds = append(cmds, cmd)
-		relays = append(relays, r)
-		if err := waitReady("http://127.0.0.1:" + r.admin + "/readyz"); err != nil {
-			return err
-		}
-	}
+	defer f.Close()
+	relays := f.Relays()
 	// The second relay joins only after the agents are placed: all of them
 	// start on the first (with the second out of the way, drained).
-	token, _ := os.ReadFile(filepath.Join(relays[0].dir, "admin.token"))
-	api := &control.Client{BaseURL: "http://127.0.0.1:" + relays[0].admin, Token: strings.TrimSpace(string(token))}
-	id1, _ := os.ReadFile(filepath.Join(relays[1].dir, "relay.id"))
-	id0, _ := os.ReadFile(filepath.Join(relays[0].dir, "relay.id"))
-	if err := waitFleet(ctx, api, 2); err != nil {
-		return err
-	}
-	if _, err := api.SetRelayDraining(ctx, strings.TrimSpace(string(id1)), true); err != nil {
+	api := f.APIOf(relays[0])
+	id0, id1 := relays[0].ID, relays[1].ID
+	if _, err := api.SetRelayDraining(ctx, id1, true); err != nil {
 		return err
 	}
 
-	first, _ := url.Parse("http://127.0.0.1:" + relays[0].port)
-	second, _ := url.Parse("http://127.0.0.1:" + relays[1].port)
+	first, _ := url.Parse(relays[0].URL())
+	second, _ := url.Parse(relays[1].URL())
 	devices := make([]string, n)
 	for i := range n {
 		devices[i] = fmt.Sprintf("idle-%05d", i)
@@ -135,12 +104,12 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		if lo >= hi {
 			break
 		}
-		cmd := exec.Command(self, "-agent-worker", first.String(), second.String(), fmt.Sprint(lo), fmt.Sprint(hi), live.Interval.String(), live.Timeout.String())
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
+		p, err := procfleet.StartProc(fmt.Sprintf("agent worker %d", w), self,
+			[]string{"-agent-worker", first.String(), second.String(), fmt.Sprint(lo), fmt.Sprint(hi), live.Interval.String(), live.Timeout.String()}, os.Stderr)
+		if err != nil {
 			return err
 		}
-		cmds = append(cmds, cmd)
+		defer p.Kill()
 	}
 	count := func(id string) (int, error) {
 		rs, err := api.ListRelays(ctx)
@@ -155,7 +124,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		return 0, nil
 	}
 	if err := benchkit.Poll(ctx, 5*time.Minute, 50*time.Millisecond, func() error {
-		k, err := count(strings.TrimSpace(string(id0)))
+		k, err := count(id0)
 		if err == nil && k < n {
 			err = fmt.Errorf("%d of %d agents on the first relay", k, n)
 		}
@@ -163,7 +132,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	}); err != nil {
 		return err
 	}
-	if _, err := api.SetRelayDraining(ctx, strings.TrimSpace(string(id1)), false); err != nil {
+	if _, err := api.SetRelayDraining(ctx, id1, false); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "%d agents on the first relay\n", n)
@@ -195,7 +164,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 			}
 		})
 	}
-	metrics := []string{"http://127.0.0.1:" + relays[0].admin + "/metrics", "http://127.0.0.1:" + relays[1].admin + "/metrics"}
+	metrics := []string{relays[0].AdminURL() + "/metrics", relays[1].AdminURL() + "/metrics"}
 	for range 4 {
 		<-time.After(500 * time.Millisecond)
 		fmt.Fprintf(os.Stderr, "before the drain: tunnels %v on the first relay, %v on the other; %d failed requests\n",
@@ -203,10 +172,9 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	}
 	if profileDir != "" {
 		for i, r := range relays {
-			tok, _ := os.ReadFile(filepath.Join(r.dir, "admin.token"))
 			wg.Go(func() {
 				path := filepath.Join(profileDir, fmt.Sprintf("relay%d.cpu.pprof", i))
-				if err := benchkit.SaveProfile("http://127.0.0.1:"+r.admin+"/debug/pprof/profile?seconds=5", strings.TrimSpace(string(tok)), path); err != nil {
+				if err := benchkit.SaveProfile(r.AdminURL()+"/debug/pprof/profile?seconds=5", f.Token(), path); err != nil {
 					log.Printf("profile: %v", err)
 				}
 			})
@@ -214,12 +182,12 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	}
 	began := time.Now()
 	fmt.Fprintf(os.Stderr, "%s: drain\n", began.Format("15:04:05.0"))
-	if _, err := api.SetRelayDraining(ctx, strings.TrimSpace(string(id0)), true); err != nil {
+	if _, err := api.SetRelayDraining(ctx, id0, true); err != nil {
 		return err
 	}
 	var took, shown time.Duration
 	err = benchkit.Poll(ctx, 2*time.Minute, 50*time.Millisecond, func() error {
-		k, err := count(strings.TrimSpace(string(id0)))
+		k, err := count(id0)
 		if t := time.Since(began); t-shown >= time.Second {
 			shown = t.Truncate(time.Second)
 			fmt.Fprintf(os.Stderr, "%5.1fs: %d devices still on the drained relay; tunnels %v there, %v on the other; %d failed requests\n",
@@ -261,7 +229,11 @@ func agentWorker(args []string) error {
 	var lo, hi int
 	fmt.Sscan(args[2], &lo)
 	fmt.Sscan(args[3], &hi)
-	bu, _ := url.Parse(startBackend())
+	backend, err := procfleet.StartBackend()
+	if err != nil {
+		return err
+	}
+	bu := backend.URL()
 	ctx := context.Background()
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("DRAINMANY_TRACE") != "" {
@@ -281,39 +253,6 @@ func agentWorker(args []string) error {
 		}
 	}
 	select {}
-}
-
-func waitFleet(ctx context.Context, api *control.Client, n int) error {
-	return benchkit.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
-		rs, err := api.ListRelays(ctx)
-		if err == nil && len(rs) < n {
-			err = fmt.Errorf("%d relays", len(rs))
-		}
-		return err
-	})
-}
-
-func waitReady(u string) error {
-	return benchkit.Poll(context.Background(), 20*time.Second, 50*time.Millisecond, func() error {
-		resp, err := http.Get(u)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s", resp.Status)
-		}
-		return nil
-	})
-}
-
-func startBackend() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
-	return "http://" + ln.Addr().String()
 }
 
 // countingHandler counts the agents' state changes by message and error,

@@ -27,25 +27,19 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
-	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
 // allScenarios are the scenarios, in the order they run.
@@ -93,33 +87,18 @@ type options struct {
 	scenarios           map[string]bool
 }
 
-// relayProc is one `switchboard serve` process.
-type relayProc struct {
-	n           int
-	port, admin string
-	dir         string
-	id          string
-	cmd         *exec.Cmd
-	done        chan struct{}
-	down        atomic.Bool // killed or frozen: the load sends it nothing
-}
-
-func (r *relayProc) url() string      { return "http://127.0.0.1:" + r.port }
-func (r *relayProc) adminURL() string { return "http://127.0.0.1:" + r.admin }
-
 type bench struct {
 	o      options
 	bin    string
 	dir    string
-	nats   *store.Store
-	natsAt string
-	relays []*relayProc
-	token  string
-	client *http.Client
+	f      *procfleet.Fleet
+	agents *procfleet.Agents
 	out    strings.Builder
 	last   time.Time // when the last trial began
 	// relayArgs are added to every relay's command line.
 	relayArgs []string
+	// nats names the NATS servers of a cluster; none: one hosted by the harness.
+	nats []string
 }
 
 func run(o options) error {
@@ -128,7 +107,7 @@ func run(o options) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b := &bench{o: o, dir: dir, bin: o.bin, client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	b := &bench{o: o, dir: dir, bin: o.bin}
 	if b.bin, err = benchkit.Binary(b.bin, dir); err != nil {
 		return err
 	}
@@ -155,23 +134,16 @@ func run(o options) error {
 // the harness.
 func (b *bench) single(ctx context.Context) error {
 	o := b.o
-	ctx, cancel := context.WithCancel(ctx) // the agents' lifetime
-	defer cancel()
-	if err := b.startNATS(ctx, "127.0.0.1:0"); err != nil {
-		return err
-	}
-	defer func() { b.nats.Close() }()
 	devices, entries, backend, err := b.startFleet(ctx)
 	if err != nil {
 		return err
 	}
-	defer b.stopAll()
-	defer backend.Close()
+	defer b.stop(backend)
 	b.logf("# Failover: %d devices, 3 relays, %d trials each\n\n", len(devices), o.trials)
 	b.logf("Relays are `switchboard serve` processes on one NATS (hosted by the harness); native agents and the backend run in the harness. Requests go through the surviving relays in turn, as through a load balancer whose health check has removed the dead one. The load alternates GET and POST, one request every 5 ms, to every device in turn through every relay that is up (two in three need a forward hop). Trials start at least %s apart.\n\n", o.gap)
 
-	load := startLoad(ctx, b.relays, devices)
-	defer load.stop()
+	load := procfleet.StartLoad(ctx, b.f.Relays(), devices, 5*time.Millisecond)
+	defer load.Stop()
 
 	for _, kind := range []string{"kill", "freeze"} {
 		if !o.scenarios[kind] {
@@ -179,7 +151,7 @@ func (b *bench) single(ctx context.Context) error {
 		}
 		var times []time.Duration
 		timeouts := 0
-		load.reset()
+		load.Reset()
 		for trial := range o.trials {
 			ts, lost, err := b.trial(ctx, kind, devices, load)
 			if err != nil {
@@ -187,211 +159,82 @@ func (b *bench) single(ctx context.Context) error {
 			}
 			times = append(times, ts...)
 			timeouts += lost
-			fmt.Fprintf(os.Stderr, "%s trial %d: %d devices, p50 %s, max %s; load so far: %s\n", kind, trial+1, len(ts), pct(ts, 50), pct(ts, 100), load.summary())
+			fmt.Fprintf(os.Stderr, "%s trial %d: %d devices, p50 %s, max %s; load so far: %s\n", kind, trial+1, len(ts), pct(ts, 50), pct(ts, 100), load.Summary())
 		}
 		b.logf("- **%s** (%d trials, %d affected devices): first success after the %s p50 **%s**, p99 **%s**, max %s; %d devices not back within 10 s; the load during the trials: %s\n",
 			map[string]string{"kill": "SIGKILL", "freeze": "SIGSTOP"}[kind], o.trials, len(times), map[string]string{"kill": "kill", "freeze": "freeze"}[kind],
-			pct(times, 50), pct(times, 99), pct(times, 100), timeouts, load.summary())
+			pct(times, 50), pct(times, 99), pct(times, 100), timeouts, load.Summary())
 	}
-	return b.extras(ctx, devices, entries, backend.URL, load)
+	return b.extras(ctx, devices, entries, backend.URL(), load)
 }
 
 // startFleet starts three relays (in the bench's directory), a backend and
-// an agent per device, and waits until every device is online. The agents
-// run until ctx ends.
-func (b *bench) startFleet(ctx context.Context) (devices []string, entries []*url.URL, backend *backendServer, err error) {
-	for i := range 3 {
-		if _, err := b.startRelay(ctx, i+1); err != nil {
-			b.stopAll()
-			return nil, nil, nil, err
-		}
-	}
-	tok, err := os.ReadFile(filepath.Join(b.relays[0].dir, "admin.token"))
+// an agent per device, and waits until every device is online. stop ends
+// them.
+func (b *bench) startFleet(ctx context.Context) (devices []string, entries []*url.URL, backend *procfleet.Backend, err error) {
+	b.f, err = procfleet.Start(ctx, procfleet.Config{Bin: b.bin, Dir: b.dir, Relays: 3, NATS: b.nats, Args: b.relayArgs, Output: os.Stderr})
 	if err != nil {
-		b.stopAll()
 		return nil, nil, nil, err
 	}
-	b.token = strings.TrimSpace(string(tok))
-	if err := b.waitFresh(ctx, 3); err != nil {
-		b.stopAll()
+	if backend, err = procfleet.StartBackend(); err != nil {
+		b.f.Close()
 		return nil, nil, nil, err
 	}
-	backend = startBackend()
-	for _, r := range b.relays {
-		u, _ := url.Parse(r.url())
-		entries = append(entries, u)
-	}
+	b.agents = procfleet.NewAgents(ctx)
+	entries = b.f.Entries()
 	devices = make([]string, b.o.devices)
 	for i := range devices {
 		devices[i] = fmt.Sprintf("dev-%03d", i)
-		if err := startAgent(ctx, entries, devices[i], backend.URL); err != nil {
-			backend.Close()
-			b.stopAll()
+		if err := b.startAgent(entries, devices[i], backend.URL()); err != nil {
+			b.stop(backend)
 			return nil, nil, nil, err
 		}
 	}
-	if err := b.waitOnline(ctx, devices); err != nil {
-		backend.Close()
-		b.stopAll()
+	if err := b.f.WaitOnline(ctx, devices); err != nil {
+		b.stop(backend)
 		return nil, nil, nil, err
 	}
 	return devices, entries, backend, nil
 }
 
+// stop ends the agents, the backend and the fleet.
+func (b *bench) stop(backend *procfleet.Backend) {
+	b.agents.Stop()
+	backend.Close()
+	b.f.Close()
+}
+
 func (b *bench) logf(format string, args ...any) { fmt.Fprintf(&b.out, format, args...) }
-
-func (b *bench) startNATS(ctx context.Context, listen string) error {
-	st, err := store.Open(ctx, store.Config{DataDir: filepath.Join(b.dir, "nats"), Listen: listen})
-	if err != nil {
-		return err
-	}
-	b.nats, b.natsAt = st, st.ClientURL()
-	return nil
-}
-
-func (b *bench) startRelay(ctx context.Context, n int) (*relayProc, error) {
-	var r *relayProc
-	for _, x := range b.relays {
-		if x.n == n {
-			r = x
-		}
-	}
-	if r == nil {
-		r = &relayProc{n: n, port: benchkit.FreePort(), admin: benchkit.FreePort(), dir: filepath.Join(b.dir, fmt.Sprintf("relay%d", n))}
-		b.relays = append(b.relays, r)
-	}
-	args := append([]string{"serve", "--listen", "127.0.0.1:" + r.port, "--admin-listen", "127.0.0.1:" + r.admin,
-		"--data", r.dir, "--nats", b.natsAt, "--advertise", r.url(),
-		"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error"}, b.relayArgs...)
-	r.cmd = exec.Command(b.bin, args...)
-	r.cmd.Stderr = os.Stderr
-	if err := r.cmd.Start(); err != nil {
-		return nil, err
-	}
-	r.done = make(chan struct{})
-	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); close(done) }(r.cmd, r.done)
-	if err := benchkit.Poll(ctx, 20*time.Second, 50*time.Millisecond, func() error {
-		resp, err := b.client.Get(r.adminURL() + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return errors.New(resp.Status)
-		}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("relay %d did not start: %w", n, err)
-	}
-	id, err := os.ReadFile(filepath.Join(r.dir, fleet.RelayIDFile))
-	if err != nil {
-		return nil, err
-	}
-	r.id = strings.TrimSpace(string(id))
-	return r, nil
-}
-
-func (b *bench) stopAll() {
-	for _, r := range b.relays {
-		if r.cmd != nil && r.cmd.Process != nil {
-			r.cmd.Process.Signal(syscall.SIGCONT)
-			r.cmd.Process.Kill()
-			<-r.done
-		}
-	}
-}
-
-// api returns an operator API client on a live relay other than skip.
-func (b *bench) api(skip *relayProc) *control.Client {
-	for _, r := range b.relays {
-		if r != skip && r.cmd != nil {
-			select {
-			case <-r.done:
-				continue
-			default:
-			}
-			return &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
-		}
-	}
-	return nil
-}
-
-func (b *bench) waitFresh(ctx context.Context, n int) error {
-	return benchkit.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
-		for _, r := range b.relays {
-			fresh, err := benchkit.FreshRelays(ctx, &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client})
-			if err != nil {
-				return err
-			}
-			if fresh < n {
-				return fmt.Errorf("relay %d sees %d fresh relays", r.n, fresh)
-			}
-		}
-		return nil
-	})
-}
-
-func (b *bench) waitOnline(ctx context.Context, devices []string) error {
-	return benchkit.Poll(ctx, 60*time.Second, 50*time.Millisecond, func() error {
-		ds, err := b.api(nil).ListDevices(ctx)
-		if err != nil {
-			return err
-		}
-		online := 0
-		for _, d := range ds {
-			if d.State == fleet.StateOnline && slices.Contains(devices, d.Name) {
-				online++
-			}
-		}
-		if online < len(devices) {
-			return fmt.Errorf("%d of %d devices online", online, len(devices))
-		}
-		return nil
-	})
-}
 
 // trial kills or freezes the relay holding most devices and returns, per
 // device it held, the time to the first successful request through a
 // surviving relay, and how many devices did not come back within 10 s.
-func (b *bench) trial(ctx context.Context, kind string, devices []string, load *load) ([]time.Duration, int, error) {
-	if err := b.waitOnline(ctx, devices); err != nil {
+func (b *bench) trial(ctx context.Context, kind string, devices []string, load *procfleet.Load) ([]time.Duration, int, error) {
+	if err := b.f.WaitOnline(ctx, devices); err != nil {
 		return nil, 0, err
 	}
-	ds, err := b.api(nil).ListDevices(ctx)
+	where, err := b.f.Online(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	held := map[string][]string{}
-	where := map[string]string{}
-	for _, d := range ds {
-		held[d.RelayID] = append(held[d.RelayID], d.Name)
-		where[d.Name] = d.RelayID
-	}
-	load.setHolders(where)
-	var victim *relayProc
-	for _, r := range b.relays {
-		if victim == nil || len(held[r.id]) > len(held[victim.id]) {
-			victim = r
-		}
-	}
-	affected := held[victim.id]
+	load.SetHolders(where)
+	victim, affected := b.f.Fullest(where)
 	var survivors []string
-	for _, r := range b.relays {
+	for _, r := range b.f.Relays() {
 		if r != victim {
-			survivors = append(survivors, r.url())
+			survivors = append(survivors, r.URL())
 		}
 	}
-	sig := syscall.SIGKILL
+	lose := victim.Kill // the load balancer's health check removes it at once
 	if kind == "freeze" {
-		sig = syscall.SIGSTOP
+		lose = victim.Freeze
 	}
 	if wait := b.o.gap - time.Since(b.last); wait > 0 {
 		<-time.After(wait)
 	}
 	start := time.Now()
 	b.last = start
-	victim.down.Store(true) // the load balancer's health check removes it at once
-	if err := victim.cmd.Process.Signal(sig); err != nil {
+	if err := lose(); err != nil {
 		return nil, 0, err
 	}
 	times := make([]time.Duration, len(affected))
@@ -405,10 +248,10 @@ func (b *bench) trial(ctx context.Context, kind string, devices []string, load *
 			fmt.Fprintf(os.Stderr, "  slow: %s %s\n", d, times[i])
 		}
 	}
-	if evs, err := b.api(victim).Events(ctx, fleet.MaxEventsList); err == nil {
+	if evs, err := b.f.API(victim).Events(ctx, fleet.MaxEventsList); err == nil {
 		var moves []time.Duration
 		for _, e := range evs {
-			if e.Type == fleet.EventDeviceMoved && e.Time.After(start) && e.From == victim.id {
+			if e.Type == fleet.EventDeviceMoved && e.Time.After(start) && e.From == victim.ID {
 				moves = append(moves, time.Duration(e.DurationMS*float64(time.Millisecond)))
 			}
 		}
@@ -430,18 +273,17 @@ func (b *bench) trial(ctx context.Context, kind string, devices []string, load *
 		<-time.After(wait)
 	}
 	if kind == "kill" {
-		<-victim.done
-		if _, err := b.startRelay(ctx, victim.n); err != nil {
+		<-victim.Done()
+		if err := b.f.Restart(ctx, victim); err != nil {
 			return nil, 0, err
 		}
-	} else {
-		victim.cmd.Process.Signal(syscall.SIGCONT)
-	}
-	victim.down.Store(false)
-	if err := b.waitFresh(ctx, 3); err != nil {
+	} else if err := victim.Thaw(); err != nil {
 		return nil, 0, err
 	}
-	return ok, lost, b.waitOnline(ctx, devices)
+	if err := b.f.WaitFresh(ctx); err != nil {
+		return nil, 0, err
+	}
+	return ok, lost, b.f.WaitOnline(ctx, devices)
 }
 
 // minDown is how long a trial's victim stays dead or frozen at least.
@@ -456,7 +298,7 @@ func (b *bench) firstSuccess(ctx context.Context, device string, relays []string
 
 // extras measures the fleet's other promises under load, each scenario
 // that was asked for.
-func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL, backend string, load *load) error {
+func (b *bench) extras(ctx context.Context, devices []string, entries []*url.URL, backend *url.URL, load *procfleet.Load) error {
 	b.logf("\n")
 	if b.o.scenarios["join"] {
 		if err := b.join(ctx); err != nil {
@@ -498,10 +340,10 @@ func (b *bench) join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := b.startRelay(ctx, len(b.relays)+1); err != nil {
+	if _, err := b.f.AddRelay(ctx); err != nil {
 		return err
 	}
-	if err := b.waitFresh(ctx, len(b.relays)); err != nil {
+	if err := b.f.WaitFresh(ctx); err != nil {
 		return err
 	}
 	<-time.After(5 * time.Second) // a fixed window in which any move would happen
@@ -521,25 +363,16 @@ func (b *bench) join(ctx context.Context) error {
 
 // drain drains the relay with the most devices: only its devices move, and
 // no request fails.
-func (b *bench) drain(ctx context.Context, load *load) error {
+func (b *bench) drain(ctx context.Context, load *procfleet.Load) error {
 	after, err := b.directory(ctx)
 	if err != nil {
 		return err
 	}
-	load.setHolders(after)
-	held := map[string]int{}
-	for _, r := range after {
-		held[r]++
-	}
-	var victim *relayProc
-	for _, r := range b.relays {
-		if victim == nil || held[r.id] > held[victim.id] {
-			victim = r
-		}
-	}
-	load.reset()
+	load.SetHolders(after)
+	victim, held := b.f.Fullest(after)
+	load.Reset()
 	drainStart := time.Now()
-	if _, err := b.api(nil).SetRelayDraining(ctx, victim.id, true); err != nil {
+	if _, err := b.f.API(nil).SetRelayDraining(ctx, victim.ID, true); err != nil {
 		return err
 	}
 	if err := benchkit.Poll(ctx, 60*time.Second, 50*time.Millisecond, func() error {
@@ -548,7 +381,7 @@ func (b *bench) drain(ctx context.Context, load *load) error {
 			return err
 		}
 		for d, r := range after {
-			if r == victim.id && now[d] == victim.id {
+			if r == victim.ID && now[d] == victim.ID {
 				return errors.New("devices still on the drained relay")
 			}
 		}
@@ -563,20 +396,20 @@ func (b *bench) drain(ctx context.Context, load *load) error {
 	}
 	others := 0
 	for d, r := range after {
-		if r != victim.id && final[d] != r {
+		if r != victim.ID && final[d] != r {
 			others++
 		}
 	}
-	attempted, failed := load.counts()
+	attempted, failed := load.Counts()
 	b.logf("- **drain** of the relay holding %d devices: all moved in %s; devices of other relays moved: %d; requests during the drain: %d, failed: %d (%s)\n",
-		held[victim.id], drained.Round(time.Millisecond), others, attempted, failed, load.summary())
-	_, err = b.api(nil).SetRelayDraining(ctx, victim.id, false)
+		len(held), drained.Round(time.Millisecond), others, attempted, failed, load.Summary())
+	_, err = b.f.API(nil).SetRelayDraining(ctx, victim.ID, false)
 	return err
 }
 
 // place connects 1,000 new devices, 200 a second: how evenly the relays
 // take them.
-func (b *bench) place(ctx context.Context, entries []*url.URL, backend string) error {
+func (b *bench) place(ctx context.Context, entries []*url.URL, backend *url.URL) error {
 	spread, total, err := b.placeMany(ctx, entries, backend, 1000)
 	if err != nil {
 		return err
@@ -593,29 +426,28 @@ func (b *bench) place(ctx context.Context, entries []*url.URL, backend string) e
 // natsOutage stops the NATS server under load for -nats-outage, longer
 // than the relays' fresh window: devices already attached keep working,
 // forwarded requests included, and the fleet converges once it is back.
-func (b *bench) natsOutage(ctx context.Context, devices []string, load *load) error {
+func (b *bench) natsOutage(ctx context.Context, devices []string, load *procfleet.Load) error {
 	dir, err := b.directory(ctx)
 	if err != nil {
 		return err
 	}
-	load.setHolders(dir)
-	load.reset()
-	b.nats.Close()
+	load.SetHolders(dir)
+	load.Reset()
+	b.f.StopNATS()
 	<-time.After(b.o.natsOutage)
-	attempted, failed := load.counts()
-	summary := load.summary()
+	attempted, failed := load.Counts()
+	summary := load.Summary()
 	view := b.viewAges(ctx)
-	u, _ := url.Parse(b.natsAt)
 	back := time.Now()
-	if err := b.startNATS(ctx, u.Host); err != nil {
+	if err := b.f.StartNATS(ctx); err != nil {
 		return err
 	}
-	load.reset()
+	load.Reset()
 	if err := b.converged(ctx, devices); err != nil {
 		return err
 	}
 	converged := time.Since(back)
-	after, afterFailed := load.counts()
+	after, afterFailed := load.Counts()
 	b.logf("- **NATS down for %s** under load: %d requests, **%d failed** (%s); the relays' views were %s old at the end; back: every relay reaching NATS, every relay fresh and every device online after **%s**, %d of %d requests failed meanwhile\n",
 		b.o.natsOutage, attempted, failed, summary, view, converged.Round(time.Millisecond), afterFailed, after)
 	return nil
@@ -625,9 +457,8 @@ func (b *bench) natsOutage(ctx context.Context, devices []string, load *load) er
 // status's view_age_ms), for the report.
 func (b *bench) viewAges(ctx context.Context) string {
 	var out []string
-	for _, r := range b.relays {
-		c := &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
-		s, err := c.Status(ctx)
+	for _, r := range b.f.Relays() {
+		s, err := b.f.APIOf(r).Status(ctx)
 		if err != nil {
 			out = append(out, "?")
 			continue
@@ -641,36 +472,35 @@ func (b *bench) viewAges(ctx context.Context) string {
 // fresh, and has every device online.
 func (b *bench) converged(ctx context.Context, devices []string) error {
 	if err := benchkit.Poll(ctx, 120*time.Second, 50*time.Millisecond, func() error {
-		for _, r := range b.relays {
-			c := &control.Client{BaseURL: r.adminURL(), Token: b.token, HTTPClient: b.client}
-			s, err := c.Status(ctx)
+		for _, r := range b.f.Relays() {
+			s, err := b.f.APIOf(r).Status(ctx)
 			if err != nil {
 				return err
 			}
 			if !s.NATSConnected || s.ViewAgeMS > 2000 {
-				return fmt.Errorf("relay %d: NATS connected %v, view %d ms old", r.n, s.NATSConnected, s.ViewAgeMS)
+				return fmt.Errorf("relay %d: NATS connected %v, view %d ms old", r.N, s.NATSConnected, s.ViewAgeMS)
 			}
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
-	if err := b.waitFresh(ctx, len(b.relays)); err != nil {
+	if err := b.f.WaitFresh(ctx); err != nil {
 		return err
 	}
-	return b.waitOnline(ctx, devices)
+	return b.f.WaitOnline(ctx, devices)
 }
 
 // placeMany connects n agents for new devices, paced, waits until all are
 // attached, and returns how many each relay took.
-func (b *bench) placeMany(ctx context.Context, entries []*url.URL, backend string, n int) (newOnes, all []int, err error) {
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
+func (b *bench) placeMany(ctx context.Context, entries []*url.URL, backend *url.URL, n int) (newOnes, all []int, err error) {
+	agents := procfleet.NewAgents(ctx)
+	defer agents.Stop()
 	names := make([]string, n)
 	tick := time.NewTicker(5 * time.Millisecond)
 	for i := range names {
 		names[i] = fmt.Sprintf("many-%04d", i)
-		if err := startAgent(actx, entries, names[i], backend); err != nil {
+		if err := startAgent(agents, entries, names[i], backend); err != nil {
 			return nil, nil, err
 		}
 		<-tick.C
@@ -700,45 +530,36 @@ func (b *bench) placeMany(ctx context.Context, entries []*url.URL, backend strin
 		}
 		return nil
 	})
-	for _, r := range b.relays {
-		newOnes = append(newOnes, counts[r.id])
-		all = append(all, totals[r.id])
+	for _, r := range b.f.Relays() {
+		newOnes = append(newOnes, counts[r.ID])
+		all = append(all, totals[r.ID])
 	}
 	return newOnes, all, err
 }
 
 // directory returns device → relay id.
 func (b *bench) directory(ctx context.Context) (map[string]string, error) {
-	ds, err := b.api(nil).ListDevices(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, d := range ds {
-		if d.Agents > 0 {
-			out[d.Name] = d.RelayID
-		}
-	}
-	return out, nil
+	return b.f.Directory(ctx)
 }
 
 // visibility connects an agent for device and returns the time between the
 // first and the last relay showing it in their operator API.
-func (b *bench) visibility(ctx context.Context, entries []*url.URL, device, backend string) (time.Duration, error) {
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if err := startAgent(actx, entries, device, backend); err != nil {
+func (b *bench) visibility(ctx context.Context, entries []*url.URL, device string, backend *url.URL) (time.Duration, error) {
+	agents := procfleet.NewAgents(ctx)
+	defer agents.Stop()
+	if err := startAgent(agents, entries, device, backend); err != nil {
 		return 0, err
 	}
-	seen := make([]time.Time, len(b.relays))
+	relays := b.f.Relays()
+	seen := make([]time.Time, len(relays))
 	var wg sync.WaitGroup
-	for i, r := range b.relays {
+	for i, r := range relays {
 		wg.Go(func() {
 			c := &http.Client{Timeout: time.Second}
 			deadline := time.Now().Add(10 * time.Second)
 			for time.Now().Before(deadline) {
-				req, _ := http.NewRequest(http.MethodGet, r.adminURL()+control.PathDevices+"/"+device, nil)
-				req.Header.Set("Authorization", "Bearer "+b.token)
+				req, _ := http.NewRequest(http.MethodGet, r.AdminURL()+control.PathDevices+"/"+device, nil)
+				req.Header.Set("Authorization", "Bearer "+b.f.Token())
 				if resp, err := c.Do(req); err == nil {
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -767,167 +588,13 @@ func (b *bench) visibility(ctx context.Context, entries []*url.URL, device, back
 	return last.Sub(first), nil
 }
 
-// load sends a steady stream of requests, each to the next device through
-// the next relay that is up (as a load balancer whose health check removed
-// a dead relay at once would), alternating GET and POST, and counts them by
-// kind: idempotent or not, and forwarded (the entry relay is not the
-// device's holder as last snapshot) or not.
-type load struct {
-	cancel  context.CancelFunc
-	done    chan struct{}
-	holders atomic.Pointer[map[string]string] // device → relay id, see setHolders
-	tallies [2][2]tally                       // [post][forwarded]
+// startAgent starts a native agent for device in the bench's group.
+func (b *bench) startAgent(entries []*url.URL, device string, backend *url.URL) error {
+	return startAgent(b.agents, entries, device, backend)
 }
 
-// tally counts requests of one kind.
-type tally struct{ attempted, failed atomic.Int64 }
-
-func startLoad(ctx context.Context, relays []*relayProc, devices []string) *load {
-	ctx, cancel := context.WithCancel(ctx)
-	l := &load{cancel: cancel, done: make(chan struct{})}
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	relays = slices.Clone(relays) // the first ones: relays that join later take no load
-	go func() {
-		defer close(l.done)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		var wg sync.WaitGroup
-		defer wg.Wait()
-		for i := 0; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			r := nextUp(relays, i)
-			if r == nil {
-				continue
-			}
-			d, post := devices[i%len(devices)], i%2 == 1
-			forwarded := 0
-			if h := l.holders.Load(); h != nil && (*h)[d] != "" && (*h)[d] != r.id {
-				forwarded = 1
-			}
-			wg.Go(func() {
-				err := request(ctx, c, r.url()+"/client/"+d+"/", post)
-				if ctx.Err() != nil {
-					return
-				}
-				t := &l.tallies[b2i(post)][forwarded]
-				t.attempted.Add(1)
-				if err != nil {
-					t.failed.Add(1)
-				}
-			})
-		}
-	}()
-	return l
-}
-
-// nextUp returns the relay to send request i through: the i-th of relays,
-// or the next one that is up; nil when none is.
-func nextUp(relays []*relayProc, i int) *relayProc {
-	for k := range relays {
-		if r := relays[(i+k)%len(relays)]; !r.down.Load() {
-			return r
-		}
-	}
-	return nil
-}
-
-// request sends one GET, or one POST with a small body, and wants a 200.
-func request(ctx context.Context, c *http.Client, u string, post bool) error {
-	method, body := http.MethodGet, io.Reader(nil)
-	if post {
-		method, body = http.MethodPost, strings.NewReader(`{"n":1}`)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return nil
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// setHolders snapshots where each device is, so that requests are counted
-// as forwarded or not.
-func (l *load) setHolders(dir map[string]string) { l.holders.Store(&dir) }
-
-func (l *load) reset() {
-	for i := range l.tallies {
-		for j := range l.tallies[i] {
-			l.tallies[i][j].attempted.Store(0)
-			l.tallies[i][j].failed.Store(0)
-		}
-	}
-}
-
-// counts returns the requests sent and failed since the last reset.
-func (l *load) counts() (attempted, failed int64) {
-	for i := range l.tallies {
-		for j := range l.tallies[i] {
-			attempted += l.tallies[i][j].attempted.Load()
-			failed += l.tallies[i][j].failed.Load()
-		}
-	}
-	return attempted, failed
-}
-
-// summary says, per kind, how many requests were sent and failed since the
-// last reset: "GET 1200 (800 forwarded), 0 failed (0 forwarded); POST …".
-func (l *load) summary() string {
-	var parts []string
-	for i, name := range []string{"GET", "POST"} {
-		loc, fwd := &l.tallies[i][0], &l.tallies[i][1]
-		parts = append(parts, fmt.Sprintf("%s %d (%d forwarded), %d failed (%d forwarded)", name,
-			loc.attempted.Load()+fwd.attempted.Load(), fwd.attempted.Load(), loc.failed.Load()+fwd.failed.Load(), fwd.failed.Load()))
-	}
-	return strings.Join(parts, "; ")
-}
-
-func (l *load) stop() { l.cancel(); <-l.done }
-
-func startAgent(ctx context.Context, entries []*url.URL, device, backend string) error {
-	bu, _ := url.Parse(backend)
-	a, err := agent.New(agent.Config{Relays: entries, Device: device, Backend: bu, Protocol: agent.ProtocolNative,
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return err
-	}
-	go a.Run(ctx)
-	return nil
-}
-
-type backendServer struct {
-	URL string
-	srv *http.Server
-}
-
-func (s *backendServer) Close() { s.srv.Close() }
-
-func startBackend() *backendServer {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
-	go srv.Serve(ln)
-	return &backendServer{URL: "http://" + ln.Addr().String(), srv: srv}
+func startAgent(agents *procfleet.Agents, entries []*url.URL, device string, backend *url.URL) error {
+	return agents.Start(agent.Config{Relays: entries, Device: device, Backend: backend, Protocol: agent.ProtocolNative})
 }
 
 // pct returns the p-th percentile of ds.

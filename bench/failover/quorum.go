@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
 	"github.com/switchboard-relay/switchboard/internal/natscluster"
 )
 
@@ -23,41 +23,40 @@ func (b *bench) quorum(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	q := &bench{o: b.o, bin: b.bin, dir: filepath.Join(b.dir, "quorum"), client: b.client,
+	q := &bench{o: b.o, bin: b.bin, dir: filepath.Join(b.dir, "quorum"),
 		relayArgs: []string{"--nats-replicas", "3"}}
 	cluster, err := natscluster.Start(ctx, server, filepath.Join(q.dir, "nats"), 3)
 	if err != nil {
 		return err
 	}
 	defer cluster.Stop()
-	q.natsAt = strings.Join(cluster.URLs(), ",")
+	q.nats = cluster.URLs()
 	devices, _, backend, err := q.startFleet(ctx)
 	if err != nil {
 		return err
 	}
-	defer q.stopAll()
-	defer backend.Close()
-	load := startLoad(ctx, q.relays, devices)
-	defer load.stop()
+	defer q.stop(backend)
+	load := procfleet.StartLoad(ctx, q.f.Relays(), devices, 5*time.Millisecond)
+	defer load.Stop()
 	dir, err := q.directory(ctx)
 	if err != nil {
 		return err
 	}
-	load.setHolders(dir)
+	load.SetHolders(dir)
 	<-time.After(2 * time.Second) // the load runs on a healthy cluster first
-	healthyAttempted, healthyFailed := load.counts()
+	healthyAttempted, healthyFailed := load.Counts()
 
 	// Two of three nodes die: the third accepts connections, but no stream
 	// has a quorum, so writes fail and watches deliver nothing.
-	load.reset()
+	load.Reset()
 	cluster.Kill(1)
 	cluster.Kill(2)
 	<-time.After(b.o.natsOutage)
-	attempted, failed := load.counts()
-	summary := load.summary()
+	attempted, failed := load.Counts()
+	summary := load.Summary()
 	view := q.viewAges(ctx)
 
-	load.reset()
+	load.Reset()
 	back := time.Now()
 	for _, i := range []int{1, 2} {
 		if err := cluster.Restart(i); err != nil {
@@ -72,7 +71,7 @@ func (b *bench) quorum(ctx context.Context) error {
 		return fmt.Errorf("after the quorum returned: %w", err)
 	}
 	converged := time.Since(back)
-	after, afterFailed := load.counts()
+	after, afterFailed := load.Counts()
 
 	b.logf("\n# Quorum loss: %d devices, 3 relays, a three-node NATS cluster\n\n", len(devices))
 	b.logf("Three nats-server processes in a cluster with JetStream; relays started with `--nats` naming all three and `--nats-replicas 3`; the same load as above (GET and POST alternating, two in three through a relay that forwards).\n\n")

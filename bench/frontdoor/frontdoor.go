@@ -11,18 +11,17 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
 )
 
 // A frontDoor is a real balancer process in front of the relays.
 type frontDoor struct {
 	kind string // "nginx" or "haproxy"
 	url  string // where agents and users go
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *procfleet.Proc
 	log  string // its output
 }
 
@@ -51,7 +50,7 @@ func frontDoorTool(kind string) (string, error) {
 
 // startFrontDoor renders the balancer's config for the relays into dir and
 // runs the balancer in the foreground until stop.
-func startFrontDoor(ctx context.Context, kind, root, dir string, relays []*relayProc) (*frontDoor, error) {
+func startFrontDoor(ctx context.Context, kind, root, dir string, relays []*procfleet.Relay) (*frontDoor, error) {
 	bin, err := frontDoorTool(kind)
 	if err != nil {
 		return nil, err
@@ -84,25 +83,20 @@ func startFrontDoor(ctx context.Context, kind, root, dir string, relays []*relay
 	default:
 		return nil, fmt.Errorf("front door %q: want nginx or haproxy", kind)
 	}
-	f := &frontDoor{kind: kind, url: "http://127.0.0.1:" + port, log: filepath.Join(dir, kind+".log"), done: make(chan struct{})}
+	f := &frontDoor{kind: kind, url: "http://127.0.0.1:" + port, log: filepath.Join(dir, kind+".log")}
 	out, err := os.Create(f.log)
 	if err != nil {
 		return nil, err
 	}
-	f.cmd = exec.Command(bin, args...)
-	f.cmd.Stdout, f.cmd.Stderr = out, out
-	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := f.cmd.Start(); err != nil {
-		out.Close()
-		return nil, fmt.Errorf("start %s: %w", kind, err)
+	f.proc, err = procfleet.StartProc(kind, bin, args, out)
+	out.Close() // the process holds its own descriptor
+	if err != nil {
+		return nil, err
 	}
-	go func() { f.cmd.Wait(); out.Close(); close(f.done) }()
 	err = benchkit.Poll(ctx, 10*time.Second, 20*time.Millisecond, func() error {
-		select {
-		case <-f.done:
+		if f.proc.Exited() {
 			b, _ := os.ReadFile(f.log)
 			return fmt.Errorf("%s exited: %s", kind, b)
-		default:
 		}
 		resp, err := http.Get(f.url + "/healthz")
 		if err != nil {
@@ -121,15 +115,7 @@ func startFrontDoor(ctx context.Context, kind, root, dir string, relays []*relay
 	return f, nil
 }
 
-func (f *frontDoor) stop() {
-	f.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-f.done:
-	case <-time.After(5 * time.Second):
-		f.cmd.Process.Kill()
-		<-f.done
-	}
-}
+func (f *frontDoor) stop() { f.proc.Stop(5 * time.Second) }
 
 // nginxSnippet reads the maps that define $switchboard_device from
 // docs/deploy.md (the ingress-nginx http-snippet), so that the harness
@@ -164,14 +150,14 @@ func nginxSnippet(root string) (string, error) {
 // maps, a consistent hash on $switchboard_device, and what upgrades, long
 // polls and streams need (HTTP/1.1 upstream, the Upgrade and Connection
 // headers, no buffering, long timeouts), as the Ingress's annotations set.
-func nginxConfig(root, dir, port string, relays []*relayProc) (string, error) {
+func nginxConfig(root, dir, port string, relays []*procfleet.Relay) (string, error) {
 	maps, err := nginxSnippet(root)
 	if err != nil {
 		return "", err
 	}
 	var servers strings.Builder
 	for _, r := range relays {
-		fmt.Fprintf(&servers, "        server %s:%s max_fails=1 fail_timeout=10s;\n", r.ip, r.port)
+		fmt.Fprintf(&servers, "        server %s:%s max_fails=1 fail_timeout=10s;\n", r.Host, r.Port)
 	}
 	return fmt.Sprintf(`worker_processes 1;
 pid %[1]s/nginx.pid;
@@ -228,7 +214,7 @@ var (
 // addresses: its listeners on loopback ports and one server line per relay
 // (public port, and the admin port for /readyz). Everything else is the
 // file as shipped.
-func haproxyConfig(root, port, monitor string, relays []*relayProc) (string, error) {
+func haproxyConfig(root, port, monitor string, relays []*procfleet.Relay) (string, error) {
 	b, err := os.ReadFile(filepath.Join(root, "deploy", "bare-metal", "haproxy.cfg"))
 	if err != nil {
 		return "", err
@@ -241,7 +227,7 @@ func haproxyConfig(root, port, monitor string, relays []*relayProc) (string, err
 	cfg = haproxyMonitor.ReplaceAllString(cfg, "${1} 127.0.0.1:"+monitor)
 	var servers strings.Builder
 	for _, r := range relays {
-		fmt.Fprintf(&servers, "    server relay-%d %s:%s check addr %s port %s\n", r.n, r.ip, r.port, r.ip, r.admin)
+		fmt.Fprintf(&servers, "    server relay-%d %s:%s check addr %s port %s\n", r.N, r.Host, r.Port, r.Host, r.AdminPort)
 	}
 	first := true
 	cfg = haproxyServer.ReplaceAllStringFunc(cfg, func(string) string {

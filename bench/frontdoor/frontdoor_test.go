@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 )
 
 // TestBehindFrontDoor runs three relays behind the real nginx and the real
@@ -22,7 +24,6 @@ func TestBehindFrontDoor(t *testing.T) {
 		t.Fatal(err)
 	}
 	var bin string
-	binDir := t.TempDir() // outlives the cases
 	for _, kind := range []string{kindNginx, kindHAProxy} {
 		t.Run(kind, func(t *testing.T) {
 			if _, err := frontDoorTool(kind); err != nil {
@@ -32,7 +33,7 @@ func TestBehindFrontDoor(t *testing.T) {
 				t.Skip(err)
 			}
 			if bin == "" {
-				if bin, err = buildSwitchboard("", root, binDir); err != nil {
+				if bin, err = benchkit.SharedBinary(); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -21,10 +21,11 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 )
 
 func main() {
@@ -73,7 +74,7 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(dir)
-	bin, err := buildSwitchboard(c.bin, root, dir)
+	bin, err := benchkit.Binary(c.bin, dir)
 	if err != nil {
 		return "", err
 	}
@@ -134,7 +135,7 @@ func measureOne(ctx context.Context, bin, root, dir, kind string, c config) (row
 			return "", "", fmt.Errorf("trial %d: %w", i+1, err)
 		}
 		if err := s.restart(ctx, victim); err != nil {
-			return "", "", fmt.Errorf("trial %d: restart relay %d: %w", i+1, victim.n, err)
+			return "", "", fmt.Errorf("trial %d: restart relay %d: %w", i+1, victim.N, err)
 		}
 		back = append(back, t.back...)
 		affected += t.affected
@@ -184,18 +185,4 @@ func moduleRoot() (string, error) {
 		}
 		d = up
 	}
-}
-
-// buildSwitchboard returns bin, or builds cmd/switchboard into dir.
-func buildSwitchboard(bin, root, dir string) (string, error) {
-	if bin != "" {
-		return bin, nil
-	}
-	bin = filepath.Join(dir, "switchboard")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/switchboard")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build: %v: %s", err, out)
-	}
-	return bin, nil
 }

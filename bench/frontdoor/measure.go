@@ -8,10 +8,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
 
@@ -120,27 +120,16 @@ const rejoinAfter = 12 * time.Second
 // user load and measures, per device it held, the time until a request
 // through the front door succeeds again, probing every 10 ms on new
 // connections. The load runs loadFor at least.
-func killTrial(ctx context.Context, s *setup, rate int, loadFor time.Duration) (trialResult, *relayProc, error) {
+func killTrial(ctx context.Context, s *setup, rate int, loadFor time.Duration) (trialResult, *procfleet.Relay, error) {
 	h, err := s.holders(ctx)
 	if err != nil {
 		return trialResult{}, nil, err
 	}
-	count := map[string][]string{}
-	for d, r := range h {
-		count[r] = append(count[r], d)
-	}
-	var victim *relayProc
-	for _, r := range s.relays {
-		if victim == nil || len(count[r.id]) > len(count[victim.id]) {
-			victim = r
-		}
-	}
-	affected := count[victim.id]
-	slices.Sort(affected)
-	res := trialResult{relay: victim.n, affected: len(affected), back: make([]time.Duration, 0, len(affected))}
+	victim, affected := s.f.Fullest(h)
+	res := trialResult{relay: victim.N, affected: len(affected), back: make([]time.Duration, 0, len(affected))}
 	load := startUserLoad(ctx, s, rate)
 	start := time.Now()
-	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := victim.Kill(); err != nil {
 		load.stop()
 		return res, nil, err
 	}
@@ -163,18 +152,18 @@ func killTrial(ctx context.Context, s *setup, rate int, loadFor time.Duration) (
 			res.back = append(res.back, t)
 		}
 	}
-	<-victim.done
+	<-victim.Done()
 	return res, victim, nil
 }
 
 // restart starts a killed relay again on its data dir, waits until the
 // fleet sees it, and then until after rejoinAfter.
-func (s *setup) restart(ctx context.Context, r *relayProc) error {
+func (s *setup) restart(ctx context.Context, r *procfleet.Relay) error {
 	began := time.Now()
-	if err := s.startRelay(ctx, r); err != nil {
+	if err := s.f.Restart(ctx, r); err != nil {
 		return err
 	}
-	if err := s.waitFresh(ctx); err != nil {
+	if err := s.f.WaitFresh(ctx); err != nil {
 		return err
 	}
 	select {
@@ -221,20 +210,11 @@ func drainTrial(ctx context.Context, s *setup, rate int) (drainResult, error) {
 	if err != nil {
 		return drainResult{}, err
 	}
-	count := map[string]int{}
-	for _, r := range h {
-		count[r]++
-	}
-	var victim *relayProc
-	for _, r := range s.relays {
-		if victim == nil || count[r.id] > count[victim.id] {
-			victim = r
-		}
-	}
-	res := drainResult{relay: victim.n, devices: count[victim.id]}
+	victim, held := s.f.Fullest(h)
+	res := drainResult{relay: victim.N, devices: len(held)}
 	load := startUserLoad(ctx, s, rate)
 	start := time.Now()
-	if _, err := s.api().SetRelayDraining(ctx, victim.id, true); err != nil {
+	if _, err := s.f.API(nil).SetRelayDraining(ctx, victim.ID, true); err != nil {
 		load.stop()
 		return res, err
 	}
@@ -243,7 +223,7 @@ func drainTrial(ctx context.Context, s *setup, rate int) (drainResult, error) {
 		if err == nil {
 			left := 0
 			for _, r := range h {
-				if r == victim.id {
+				if r == victim.ID {
 					left++
 				}
 			}
@@ -258,9 +238,9 @@ func drainTrial(ctx context.Context, s *setup, rate int) (drainResult, error) {
 		}
 	}
 	res.took = time.Since(start)
-	if ds, err := s.api().ListDevices(ctx); err == nil {
+	if ds, err := s.f.API(nil).ListDevices(ctx); err == nil {
 		for _, d := range ds {
-			if d.State != fleet.StateOnline || d.RelayID == victim.id {
+			if d.State != fleet.StateOnline || d.RelayID == victim.ID {
 				fmt.Fprintf(os.Stderr, "  after the drain: %s %s on %s (%d agents, %s)\n", d.Name, d.State, d.RelayID, d.Agents, d.Protocol)
 			}
 		}
@@ -272,8 +252,8 @@ func drainTrial(ctx context.Context, s *setup, rate int) (drainResult, error) {
 	case <-time.After(2 * time.Second):
 	}
 	res.load = load.stop()
-	if _, err := s.api().SetRelayDraining(ctx, victim.id, false); err != nil {
+	if _, err := s.f.API(nil).SetRelayDraining(ctx, victim.ID, false); err != nil {
 		return res, err
 	}
-	return res, s.waitFresh(ctx)
+	return res, s.f.WaitFresh(ctx)
 }

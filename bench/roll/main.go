@@ -17,24 +17,18 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
 	"github.com/switchboard-relay/switchboard/internal/agent"
-	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
 func main() {
@@ -48,22 +42,6 @@ func main() {
 	}
 }
 
-type relayProc struct {
-	n           int
-	port, admin string
-	dir         string
-	cmd         *exec.Cmd
-	done        chan struct{}
-	up          atomic.Bool // takes new requests, as a balancer's health check sees it
-}
-
-func (r *relayProc) url() string { return "http://127.0.0.1:" + r.port }
-
-type harness struct {
-	bin, dir, natsURL string
-	relays            []*relayProc
-}
-
 func run(native, longpoll int, bin, md string) error {
 	dir, err := os.MkdirTemp("", "switchboard-roll-")
 	if err != nil {
@@ -75,26 +53,19 @@ func run(native, longpoll int, bin, md string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := store.Open(ctx, store.Config{DataDir: filepath.Join(dir, "nats"), Listen: "127.0.0.1:0"})
+	f, err := procfleet.Start(ctx, procfleet.Config{Bin: bin, Dir: dir, Relays: 3, Version: "v1",
+		Args: []string{"--drain-timeout", "25s"}, Output: os.Stderr})
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	h := &harness{bin: bin, dir: dir, natsURL: st.ClientURL()}
-	for i := range 3 {
-		r := &relayProc{n: i + 1, port: benchkit.FreePort(), admin: benchkit.FreePort(), dir: filepath.Join(dir, fmt.Sprintf("relay%d", i+1))}
-		h.relays = append(h.relays, r)
-		if err := h.start(ctx, r, "v1"); err != nil {
-			return err
-		}
+	defer f.Close()
+	backend, err := procfleet.StartBackend()
+	if err != nil {
+		return err
 	}
-	defer h.stopAll()
-	var entries []*url.URL
-	for _, r := range h.relays {
-		u, _ := url.Parse(r.url())
-		entries = append(entries, u)
-	}
-	backend := startBackend()
+	defer backend.Close()
+	agents := procfleet.NewAgents(ctx)
+	defer agents.Stop()
 	var devices []string
 	for i := range native + longpoll {
 		proto, name := agent.ProtocolNative, fmt.Sprintf("n-%03d", i)
@@ -102,41 +73,24 @@ func run(native, longpoll int, bin, md string) error {
 			proto, name = agent.ProtocolLongPoll, fmt.Sprintf("lp-%03d", i-native)
 		}
 		devices = append(devices, name)
-		bu, _ := url.Parse(backend)
 		// Each agent knows every relay, first a different one, as behind a
 		// balancer.
-		rel := append(append([]*url.URL{}, entries[i%3:]...), entries[:i%3]...)
-		a, err := agent.New(agent.Config{Relays: rel, Device: name, Backend: bu, Protocol: proto, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
+		if err := agents.Start(agent.Config{Relays: procfleet.Rotate(f.Entries(), i), Device: name, Backend: backend.URL(), Protocol: proto}); err != nil {
 			return err
 		}
-		go a.Run(ctx)
 	}
-	if err := h.waitServing(ctx, devices); err != nil {
+	if err := waitServing(ctx, f.Relays()[0], devices); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "%d devices online\n", len(devices))
 
-	l := startLoad(ctx, h, devices)
-	restarts := h.watchRestarts(ctx)
-	token, _ := os.ReadFile(filepath.Join(h.relays[0].dir, "admin.token"))
-	tokenFile := filepath.Join(dir, "admin.token")
-	os.WriteFile(tokenFile, token, 0o600)
-	ctlRun := func(args ...string) (string, error) {
-		full := append([]string{"ctl", "--admin", "http://127.0.0.1:" + h.relays[1].admin, "--token-file", tokenFile}, args...)
-		var out bytes.Buffer
-		cmd := exec.Command(bin, full...)
-		cmd.Stdout, cmd.Stderr = &out, os.Stderr
-		err := cmd.Run()
-		return out.String(), err
-	}
-	if _, err := ctlRun("roll", "enable"); err != nil {
+	l := startLoad(ctx, f.Relays(), devices)
+	if _, err := f.Ctl(ctx, os.Stderr, "roll", "enable"); err != nil {
 		return err
 	}
 	<-time.After(3 * time.Second) // the load runs a while before the roll
 	began := time.Now()
-	out, err := ctlRun("roll", "--expect-version", "v2", "--poll", "200ms",
-		"--update-cmd", "touch "+filepath.Join(dir, "restart-")+"{id}")
+	out, err := f.Roll(ctx, "v2", os.Stderr)
 	took := time.Since(began)
 	fmt.Fprint(os.Stderr, out)
 	if err != nil {
@@ -144,7 +98,6 @@ func run(native, longpoll int, bin, md string) error {
 	}
 	<-time.After(3 * time.Second) // and a while after
 	l.stop()
-	restarts.stop()
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Rolling update under load\n\n")
@@ -163,61 +116,25 @@ func run(native, longpoll int, bin, md string) error {
 	return nil
 }
 
-func (h *harness) start(ctx context.Context, r *relayProc, version string) error {
-	r.cmd = exec.Command(h.bin, "serve", "--listen", "127.0.0.1:"+r.port, "--admin-listen", "127.0.0.1:"+r.admin,
-		"--data", r.dir, "--nats", h.natsURL, "--advertise", r.url(), "--report-version", version,
-		"--allow-anonymous-users", "--allow-anonymous-agents", "--log-level", "error", "--drain-timeout", "25s")
-	r.cmd.Stderr = os.Stderr
-	if err := r.cmd.Start(); err != nil {
-		return err
-	}
-	r.done = make(chan struct{})
-	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); close(done) }(r.cmd, r.done)
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://127.0.0.1:" + r.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				r.up.Store(true)
-				return nil
-			}
-		}
-		<-time.After(50 * time.Millisecond)
-	}
-	return fmt.Errorf("relay %d did not start", r.n)
-}
-
-func (h *harness) stopAll() {
-	for _, r := range h.relays {
-		if r.cmd != nil && r.cmd.Process != nil {
-			r.cmd.Process.Kill()
-			<-r.done
-		}
-	}
-}
-
-func (h *harness) waitServing(ctx context.Context, devices []string) error {
-	deadline := time.Now().Add(60 * time.Second)
+// waitServing waits until every device answers through relay r.
+func waitServing(ctx context.Context, r *procfleet.Relay, devices []string) error {
 	c := &http.Client{Timeout: 5 * time.Second}
+	defer c.CloseIdleConnections()
 	for _, d := range devices {
-		for {
-			resp, err := c.Get(h.relays[0].url() + "/client/" + d + "/small")
-			if err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					break
-				}
+		err := benchkit.Poll(ctx, 60*time.Second, 50*time.Millisecond, func() error {
+			resp, err := c.Get(r.URL() + "/client/" + d + "/small")
+			if err != nil {
+				return err
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("device %s not served", d)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return errors.New(resp.Status)
 			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("device %s not served: %w", d, err)
 		}
 	}
 	return nil
@@ -230,41 +147,6 @@ type stopper struct {
 
 func (s *stopper) stop() { s.cancel(); <-s.done }
 
-// watchRestarts restarts each relay whose id the update step names in a
-// file: SIGTERM, wait for the exit, then start it again with version v2.
-func (h *harness) watchRestarts(ctx context.Context) *stopper {
-	ctx, cancel := context.WithCancel(ctx)
-	s := &stopper{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		seen := map[string]bool{}
-		for ctx.Err() == nil {
-			entries, _ := os.ReadDir(h.dir)
-			for _, e := range entries {
-				if !strings.HasPrefix(e.Name(), "restart-") || seen[e.Name()] {
-					continue
-				}
-				seen[e.Name()] = true
-				id := strings.TrimPrefix(e.Name(), "restart-")
-				for _, r := range h.relays {
-					rid, _ := os.ReadFile(filepath.Join(r.dir, "relay.id"))
-					if strings.TrimSpace(string(rid)) != id {
-						continue
-					}
-					r.up.Store(false)
-					r.cmd.Process.Signal(syscall.SIGTERM)
-					<-r.done
-					if err := h.start(ctx, r, "v2"); err != nil {
-						log.Print(err)
-					}
-				}
-			}
-			<-time.After(20 * time.Millisecond)
-		}
-	}()
-	return s
-}
-
 // load is the mixed load: small GETs, streamed responses and websocket
 // sessions, each through the next relay that is up.
 type load struct {
@@ -275,15 +157,15 @@ type load struct {
 	firstErr                           atomic.Value
 }
 
-func startLoad(ctx context.Context, h *harness, devices []string) *load {
+func startLoad(ctx context.Context, relays []*procfleet.Relay, devices []string) *load {
 	ctx, cancel := context.WithCancel(ctx)
 	l := &load{stopper: stopper{cancel: cancel, done: make(chan struct{})}}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
 	var next atomic.Int64
-	pick := func() (*relayProc, string) {
+	pick := func() (*procfleet.Relay, string) {
 		i := int(next.Add(1))
-		for k := range len(h.relays) {
-			if r := h.relays[(i+k)%len(h.relays)]; r.up.Load() {
+		for k := range len(relays) {
+			if r := relays[(i+k)%len(relays)]; r.Up() {
 				return r, devices[i%len(devices)]
 			}
 		}
@@ -314,12 +196,12 @@ func startLoad(ctx context.Context, h *harness, devices []string) *load {
 			return
 		}
 		l.gets.Add(1)
-		resp, err := client.Get(r.url() + "/client/" + d + "/small")
+		resp, err := client.Get(r.URL() + "/client/" + d + "/small")
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("GET %s via relay %d: %s", d, r.n, resp.Status)
+				err = fmt.Errorf("GET %s via relay %d: %s", d, r.N, resp.Status)
 			}
 		}
 		if err != nil {
@@ -332,13 +214,13 @@ func startLoad(ctx context.Context, h *harness, devices []string) *load {
 			return
 		}
 		l.streams.Add(1)
-		resp, err := client.Get(r.url() + "/client/" + d + "/stream")
+		resp, err := client.Get(r.URL() + "/client/" + d + "/stream")
 		if err == nil {
 			var n int64
 			n, err = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			if err == nil && (resp.StatusCode != http.StatusOK || n != 20*7) {
-				err = fmt.Errorf("stream %s via relay %d: %s, %d bytes", d, r.n, resp.Status, n)
+			if err == nil && (resp.StatusCode != http.StatusOK || n != procfleet.StreamBytes) {
+				err = fmt.Errorf("stream %s via relay %d: %s, %d bytes", d, r.N, resp.Status, n)
 			}
 			if err != nil && resp.StatusCode == http.StatusOK {
 				l.streamsCut.Add(1)
@@ -354,8 +236,8 @@ func startLoad(ctx context.Context, h *harness, devices []string) *load {
 			return // long-poll agents carry websockets too, but slowly; keep the sessions on native agents
 		}
 		l.ws.Add(1)
-		if err := wsSession(ctx, "ws"+strings.TrimPrefix(r.url(), "http")+"/client/"+d+"/ws"); err != nil && ctx.Err() == nil {
-			fail(&l.wsFailed, fmt.Errorf("websocket %s via relay %d: %w", d, r.n, err))
+		if err := wsSession(ctx, "ws"+strings.TrimPrefix(r.URL(), "http")+"/client/"+d+"/ws"); err != nil && ctx.Err() == nil {
+			fail(&l.wsFailed, fmt.Errorf("websocket %s via relay %d: %w", d, r.N, err))
 		}
 	})
 	go func() {
@@ -389,42 +271,4 @@ func wsSession(ctx context.Context, u string) error {
 		<-time.After(100 * time.Millisecond)
 	}
 	return c.Close(websocket.StatusNormalClosure, "")
-}
-
-func startBackend() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/small", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
-	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
-		for i := range 20 {
-			fmt.Fprintf(w, "chunk%d\n", i%10)
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	})
-	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer c.CloseNow()
-		for {
-			typ, msg, err := c.Read(r.Context())
-			if err != nil {
-				return
-			}
-			if err := c.Write(r.Context(), typ, msg); err != nil {
-				return
-			}
-		}
-	})
-	go http.Serve(ln, mux)
-	return "http://" + ln.Addr().String()
 }

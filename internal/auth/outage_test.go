@@ -191,6 +191,7 @@ func (o *outage) settle(t *testing.T, want ...string) {
 // to NATS is down fails at once, and no token appears once NATS returns
 // (the reconnect buffer used to send the write then).
 func TestCreateWhileNATSIsDownLeavesNoToken(t *testing.T) {
+	t.Parallel()
 	o := newOutage(t)
 	o.proxy.setCut(true)
 	eventually(t, 5*time.Second, func() error {

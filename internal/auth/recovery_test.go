@@ -21,6 +21,7 @@ import (
 // meanwhile. (The store used to stop following the bucket when its watch
 // ended, and accepted revoked tokens until it was restarted.)
 func TestRevocationArrivesAfterTheWatchEnds(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t)
 	st := openNATS(t, store.Config{})
 	kv, err := st.KeyValue(ctx, Bucket)
@@ -104,6 +105,7 @@ func TestRevocationArrivesAfterTheWatchEnds(t *testing.T) {
 // forgets the tokens that went with the files, cutting what they let in,
 // and accepts the tokens made since.
 func TestResyncAfterNATSLostItsFiles(t *testing.T) {
+	t.Parallel()
 	first, err := store.Open(testContext(t), store.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)

@@ -337,6 +337,7 @@ func TestStoppingIsNotSticky(t *testing.T) {
 }
 
 func TestLeaseTakeoverWhenHolderDies(t *testing.T) {
+	t.Parallel()
 	f := newTestFleet(t)
 	f.base.LeaseTTL = 3 * time.Second // the default: takeover within 4 s
 	nodes := []*node{f.join(), f.join(), f.join()}
@@ -491,6 +492,7 @@ func TestDeviceKeys(t *testing.T) {
 }
 
 func TestHousekeepingDetachesLostAndReaps(t *testing.T) {
+	t.Parallel()
 	f := newTestFleet(t)
 	f.base.LostWindow = time.Second
 	f.base.ReapAfter = 2 * time.Second
@@ -532,6 +534,7 @@ func TestHousekeepingDetachesLostAndReaps(t *testing.T) {
 }
 
 func TestReapSparesRelayWithDevices(t *testing.T) {
+	t.Parallel()
 	f := newTestFleet(t)
 	f.base.LostWindow = time.Hour // devices are never detached here
 	f.base.ReapAfter = time.Second

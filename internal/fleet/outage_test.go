@@ -19,6 +19,7 @@ import (
 // resync their mirrors from a full read, which also forgets a relay that is
 // gone and so never re-published.
 func TestNATSRestartWithoutFiles(t *testing.T) {
+	t.Parallel()
 	first, err := store.Open(testContext(t), store.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +109,7 @@ func TestNATSRestartWithoutFiles(t *testing.T) {
 // and stops only when the caller's veto (the watchdog) says the peer is
 // gone. Freshness is judged at the moment the view froze, not by the clock.
 func TestRoutingOutlivesNATS(t *testing.T) {
+	t.Parallel()
 	natsDir := t.TempDir()
 	srv, err := store.Open(testContext(t), store.Config{DataDir: natsDir, Listen: "127.0.0.1:0"})
 	if err != nil {

@@ -335,6 +335,7 @@ func headerTrickle(t *testing.T, addr string) badResult {
 // connection closed, where no status can reach it), and that the relay
 // serves a good request right after with nothing left in flight.
 func TestAbuse(t *testing.T) {
+	t.Parallel()
 	e := newAbuseEnv(t)
 	r := e.relay
 	lpPoll := func(t *testing.T) badResult {

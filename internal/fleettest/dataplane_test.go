@@ -272,6 +272,7 @@ func TestTwoAgentsShareADevice(t *testing.T) {
 }
 
 func TestAgentKilledMidStream(t *testing.T) {
+	t.Parallel()
 	forEachProtocol(t, func(t *testing.T, proto string) {
 		r := StartRelay(t)
 		b := newBackend(t, "b1")
@@ -320,6 +321,7 @@ func TestNoAgentAnswersAtOnce(t *testing.T) {
 }
 
 func TestDeviceWhoseAgentLeftAnswersAfterGrace(t *testing.T) {
+	t.Parallel()
 	forEachProtocol(t, func(t *testing.T, proto string) {
 		r := StartRelay(t)
 		b := newBackend(t, "b1")

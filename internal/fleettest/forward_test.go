@@ -413,6 +413,7 @@ func TestLongPollAgentAtNonHolder(t *testing.T) {
 // read as a request, and a request the holder hands over meanwhile is never
 // dropped between the relays.
 func TestForwardedPollEndsCleanlyOnShutdown(t *testing.T) {
+	t.Parallel()
 	relays := StartFleet(t, 2)
 	holder, others := HolderFor(t, relays, "dev")
 	through := others[0]

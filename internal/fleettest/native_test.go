@@ -130,6 +130,7 @@ func (b *blockingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func TestCancellationReachesTheBackend(t *testing.T) {
+	t.Parallel()
 	forEachProtocol(t, func(t *testing.T, proto string) {
 		r := StartRelay(t)
 		bb := &blockingBackend{release: make(chan struct{})}

@@ -20,6 +20,7 @@ import (
 // watchdog alone stops the forwards to it, and the request is served by the
 // agent that moved.
 func TestForwardingWhileNATSIsAway(t *testing.T) {
+	t.Parallel()
 	natsDir := t.TempDir()
 	srv, err := store.Open(context.Background(), store.Config{DataDir: natsDir, Listen: "127.0.0.1:0"})
 	if err != nil {

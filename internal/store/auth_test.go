@@ -317,6 +317,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 // relay's credentials (a rotation done in the wrong order), the store says
 // so once and keeps trying, and reconnects once they are accepted again.
 func TestReconnectOutlastsRefusedCredentials(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	creds := Credentials{User: "relay", Password: "old-pw"}

@@ -112,6 +112,7 @@ func TestExternalModeSharesStateWithListeningServer(t *testing.T) {
 }
 
 func TestExternalConnectionLogsDisconnectAndReconnectOnce(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	hub, err := Open(ctx, Config{DataDir: dir, Listen: "127.0.0.1:0"})

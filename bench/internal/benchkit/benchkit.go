@@ -4,7 +4,10 @@ package benchkit
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log"
@@ -15,15 +18,54 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/control"
 )
 
-// Binary returns bin, or builds ./cmd/switchboard into dir and returns its
-// path when bin is empty. Run it from the module's root.
+// Binary returns bin, or builds cmd/switchboard into dir and returns its
+// path when bin is empty. Run it from within the module.
 func Binary(bin, dir string) (string, error) {
-	return Build(bin, dir, "switchboard", "./cmd/switchboard")
+	return Build(bin, dir, "switchboard", switchboardPkg)
+}
+
+// switchboardPkg is the switchboard command's package.
+const switchboardPkg = "github.com/switchboard-relay/switchboard/cmd/switchboard"
+
+// SharedBinary builds cmd/switchboard for the tests that run relay
+// processes, into one directory per module checkout under the user's cache
+// dir, holding a file lock meanwhile: the test packages of one `go test
+// ./...` share one build, and go build leaves a binary it finds up to date
+// untouched (a changed one it replaces by a rename, which processes still
+// running it do not notice).
+func SharedBinary() (string, error) {
+	mod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(bytes.TrimSpace(mod))
+	dir := filepath.Join(cache, "switchboard-tests", hex.EncodeToString(sum[:8]))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer lock.Close() // releases the lock
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	bin := filepath.Join(dir, "switchboard")
+	if out, err := exec.Command("go", "build", "-o", bin, switchboardPkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building %s: %v: %s", switchboardPkg, err, out)
+	}
+	return bin, nil
 }
 
 // Build returns bin, or builds the package pkg (a path of this module or of
