@@ -320,7 +320,7 @@ func (f *Fleet) APIOf(r *Relay) *control.Client {
 var ErrNoRelay = errors.New("procfleet: no relay is up")
 
 // devices lists the devices through a relay that is up.
-func (f *Fleet) devices(ctx context.Context) ([]fleet.DeviceStatus, error) {
+func (f *Fleet) devices(ctx context.Context) ([]control.Device, error) {
 	c := f.API(nil)
 	if c == nil {
 		return nil, ErrNoRelay
