@@ -177,14 +177,15 @@ func (s *Session) handleOpen(h header, meta []byte) error {
 	if !refuse {
 		st = newStream(s, h.stream, append([]byte(nil), meta...))
 		st.rfin = h.flags&flagFin != 0
-		select {
-		case s.accepts <- st:
+		if len(s.backlog) < s.cfg.AcceptBacklog {
+			s.backlog = append(s.backlog, st)
 			s.streams[st.id] = st
-		default:
+		} else {
 			refuse = true // the backlog is full
 		}
 	}
 	s.mu.Unlock()
+	signal(s.acceptable)
 	if refuse {
 		s.w.control(header{typ: typeReset, stream: h.stream, value: CodeRefused}, nil)
 	}

@@ -91,7 +91,7 @@ type Session struct {
 	cfg  Config
 	w    writer
 
-	accepts    chan *Stream // streams the peer opened, waiting for Accept
+	acceptable chan struct{} // signalled when a stream is queued for Accept
 	done       chan struct{}
 	readerDone chan struct{}
 
@@ -101,10 +101,11 @@ type Session struct {
 
 	mu       sync.Mutex // guards the fields below
 	streams  map[uint32]*Stream
-	nextID   uint32 // the id of the next stream this end opens
-	peerID   uint32 // the highest id the peer opened
-	goneAway bool   // the peer accepts no new streams
-	err      error  // why the session ended; nil while it runs
+	nextID   uint32    // the id of the next stream this end opens
+	peerID   uint32    // the highest id the peer opened
+	goneAway bool      // the peer accepts no new streams
+	err      error     // why the session ended; nil while it runs
+	backlog  []*Stream // streams the peer opened, waiting for Accept
 	pings    map[uint32]chan struct{}
 	pingSeq  uint32
 	bdp      bdpProbe
@@ -130,7 +131,7 @@ func New(conn net.Conn, cfg Config) *Session {
 	s := &Session{
 		conn:       conn,
 		cfg:        cfg,
-		accepts:    make(chan *Stream, cfg.AcceptBacklog),
+		acceptable: make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 		start:      time.Now(),
@@ -188,17 +189,27 @@ func (s *Session) Open(ctx context.Context, meta []byte) (*Stream, error) {
 
 // Accept returns the next stream the peer opened.
 func (s *Session) Accept() (*Stream, error) {
-	select {
-	case st := <-s.accepts:
-		return st, nil
-	case <-s.done:
-		// Streams opened before the end may still be waiting.
-		select {
-		case st := <-s.accepts:
+	for {
+		s.mu.Lock()
+		if len(s.backlog) > 0 {
+			st := s.backlog[0]
+			s.backlog[0] = nil
+			s.backlog = s.backlog[1:]
+			if len(s.backlog) == 0 {
+				s.backlog = nil // hold no array while none wait
+			}
+			s.mu.Unlock()
 			return st, nil
-		default:
 		}
-		return nil, s.Err()
+		err := s.err
+		s.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-s.acceptable:
+		case <-s.done:
+		}
 	}
 }
 
