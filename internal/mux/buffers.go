@@ -33,6 +33,7 @@ func putChunk(b []byte) {
 	}
 }
 
-// readBufSize is the size of the buffer a session reads headers and small
-// frames into; larger payloads are read straight into their chunk.
-const readBufSize = 16 << 10
+// readBufSize is the size of the buffer a session reads frames into while
+// bytes arrive; the rest of a large payload is read straight into its
+// chunk.
+const readBufSize = 64 << 10

@@ -4,10 +4,10 @@ package mux
 
 import "net"
 
-// idleWaiter is Linux-only; elsewhere an idle session keeps its read
-// buffer.
-type idleWaiter struct{}
+// rawReader is Linux-only; elsewhere a session reads through the net.Conn
+// and keeps its read buffer.
+type rawReader struct{}
 
-func newIdleWaiter(net.Conn) *idleWaiter { return nil }
+func newRawReader(net.Conn) *rawReader { return nil }
 
-func (*idleWaiter) wait() error { return nil }
+func (*rawReader) read(buf []byte, w int) ([]byte, int, error) { panic("unreachable") }

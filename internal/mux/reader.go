@@ -16,12 +16,12 @@ func (s *Session) readLoop() {
 	s.fail(err)
 }
 
-// largePayload is the size from which a DATA payload not yet wholly in the
-// read buffer is read straight into its own chunk.
+// largePayload is the size from which a payload not yet wholly in the read
+// buffer is read straight into a chunk of its own.
 const largePayload = readBufSize / 4
 
 func (s *Session) readFrames() error {
-	idle := newIdleWaiter(s.conn) // nil where waiting without a buffer is not possible
+	raw := newRawReader(s.conn) // nil where the socket cannot be read without a buffer held
 	var buf []byte
 	defer func() {
 		if buf != nil {
@@ -62,23 +62,20 @@ func (s *Session) readFrames() error {
 		switch {
 		case r == w:
 			r, w = 0, 0
-			if idle != nil && buf != nil {
-				putChunk(buf) // hold no buffer while the connection is idle
-				buf = nil
-			}
 		case r > 0:
 			w = copy(buf, buf[r:w])
 			r = 0
 		}
-		if buf == nil {
-			if idle != nil {
-				if err := idle.wait(); err != nil {
-					return err
-				}
+		var n int
+		var err error
+		if raw != nil {
+			buf, n, err = raw.read(buf, w)
+		} else {
+			if buf == nil {
+				buf = getChunk(readBufSize)
 			}
-			buf = getChunk(readBufSize)
+			n, err = s.conn.Read(buf[w:])
 		}
-		n, err := s.conn.Read(buf[w:])
 		if n > 0 {
 			w += n
 			s.touch()
