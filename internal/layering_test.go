@@ -20,7 +20,7 @@ var layers = [][]string{
 	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols.
 	{"auth", "peer", "broker", "fleet"},
-	{"access", "longpoll", "tunnel", "auth/authtest"},
+	{"access", "longpoll", "tunnel", "auth/authtest", "connect"},
 	// The parts a relay and an agent are made of.
 	{"relay", "router", "agent", "control"},
 	// One relay, wired.
