@@ -22,7 +22,7 @@ var layers = [][]string{
 	{"auth", "peer", "broker", "fleet"},
 	{"access", "longpoll", "tunnel", "auth/authtest", "connect"},
 	// The parts a relay and an agent are made of.
-	{"relay", "router", "agent", "control"},
+	{"relay", "router", "agent", "control", "ports"},
 	// One relay, wired.
 	{"node"},
 	// The command line and the in-process fleet of the tests.
