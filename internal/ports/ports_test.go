@@ -118,9 +118,9 @@ func TestValidate(t *testing.T) {
 // server for robot/echo, a PROXY-reading server for robot/whoami, and a
 // datagram echo for robot/voice.
 type device struct {
-	t    *testing.T
-	tcp  map[string]string
-	mu   sync.Mutex
+	t     *testing.T
+	tcp   map[string]string
+	mu    sync.Mutex
 	opens int
 }
 
