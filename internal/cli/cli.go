@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 )
 
 // Exit codes of the switchboard command.
@@ -33,6 +34,7 @@ commands:
   serve   run a relay node
   agent   run the device side: connect a local service to the fleet
   ctl     operate the fleet (relays, devices, tokens)
+  connect reach a device's TCP service from this machine
   version print the version
 
 Run 'switchboard <command> -h' for the flags of a command.
@@ -71,6 +73,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runAgent(ctx, rest, stdout, stderr)
 	case "ctl":
 		return runCtl(ctx, rest, stdout, stderr)
+	case "connect":
+		return runConnect(ctx, rest, os.Stdin, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "switchboard", Version)
 		return nil

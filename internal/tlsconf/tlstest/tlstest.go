@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -63,8 +64,9 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
-// Issue returns a server certificate named cn for 127.0.0.1 and localhost,
-// signed by the CA, and its key, both as PEM.
+// Issue returns a server certificate named cn for 127.0.0.1 and localhost
+// (and for cn itself when it is a DNS name with a dot), signed by the CA,
+// and its key, both as PEM.
 func (ca *CA) Issue(t testing.TB, cn string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key := newKey(t)
@@ -81,6 +83,9 @@ func (ca *CA) Issue(t testing.TB, cn string) (certPEM, keyPEM []byte) {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		DNSNames:     []string{"localhost"},
+	}
+	if strings.Contains(cn, ".") {
+		tmpl.DNSNames = append(tmpl.DNSNames, cn)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

@@ -1,0 +1,96 @@
+// Package connect carries users' TCP connections to devices' services:
+// `switchboard connect` on the user's machine keeps one long-lived
+// connection to the fleet's public URL (an HTTP/1.1 Upgrade to
+// switchboard-connect/1, which plain HTTP proxies pass), multiplexed, and
+// each of its local connections is one stream on it, opened without a
+// round trip. The relay authorizes the credential once, at the upgrade,
+// and each stream's device and service as it opens.
+//
+//	client side: c := connect.NewClient(cfg); conn, err := c.Dial(ctx, target)
+//	relay side:  &connect.Handler{Open: opener, Authorize: authz}
+package connect
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/switchboard-relay/switchboard/internal/mux"
+	"github.com/switchboard-relay/switchboard/internal/service"
+)
+
+// Protocol names the connection in the Upgrade header.
+const Protocol = "switchboard-connect/1"
+
+// Path is the relay endpoint the client opens its connection on.
+const Path = "/switchboard/connect"
+
+// Target names a device's service: DEVICE/SERVICE.
+type Target struct {
+	Device, Service string
+}
+
+func (t Target) String() string { return t.Device + "/" + t.Service }
+
+// ParseTarget reads DEVICE/SERVICE.
+func ParseTarget(s string) (Target, error) {
+	device, svc, ok := strings.Cut(s, "/")
+	if !ok || device == "" || svc == "" || strings.ContainsAny(device, "/ \x00") {
+		return Target{}, fmt.Errorf("%q: name a device's service as DEVICE/SERVICE, e.g. robot-1/ssh", s)
+	}
+	if err := service.CheckName(svc); err != nil {
+		return Target{}, err
+	}
+	return Target{Device: device, Service: svc}, nil
+}
+
+// Errors a stream can end with, before any byte of the service's: the
+// relay sends them as the stream's reset code, the client reads them
+// back. Openers and authorizers return them (wrapped) to choose the code.
+var (
+	ErrNoDevice       = errors.New("the device is not connected to the fleet")
+	ErrUnknownService = errors.New("the device has no such service")
+	ErrForbidden      = errors.New("the credential does not allow this device or service")
+	ErrRefused        = errors.New("the device's service refused the connection")
+	ErrUnreachable    = errors.New("the device's service could not be reached")
+	ErrBusy           = errors.New("too many connections: try again later")
+)
+
+// codes pairs each error with its reset code.
+var codes = []struct {
+	code uint32
+	err  error
+}{
+	{mux.CodeApplication + 1, ErrNoDevice},
+	{mux.CodeApplication + 2, ErrUnknownService},
+	{mux.CodeApplication + 3, ErrForbidden},
+	{mux.CodeApplication + 4, ErrRefused},
+	{mux.CodeApplication + 5, ErrUnreachable},
+	{mux.CodeApplication + 6, ErrBusy},
+}
+
+// codeOf returns the reset code for err: ErrUnreachable's for errors of
+// no known kind.
+func codeOf(err error) uint32 {
+	for _, c := range codes {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return mux.CodeApplication + 5
+}
+
+// errorOf turns a stream's failure back into one of the errors above, or
+// returns it as it is.
+func errorOf(err error) error {
+	var re *mux.ResetError
+	if !errors.As(err, &re) || !re.Remote {
+		return err
+	}
+	for _, c := range codes {
+		if c.code == re.Code {
+			return c.err
+		}
+	}
+	return err
+}

@@ -1,0 +1,211 @@
+package connect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// services dials real TCP services on loopback by name, as a holder's
+// agent would.
+type services struct {
+	device string
+	addrs  map[string]string
+}
+
+func (s services) Open(ctx context.Context, t Target) (net.Conn, error) {
+	if t.Device != s.device {
+		return nil, ErrNoDevice
+	}
+	addr, ok := s.addrs[t.Service]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", t, ErrUnknownService)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	return c, nil
+}
+
+// echo serves each connection's bytes back, then half-closes.
+func echo(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+			})
+		}
+	})
+	return ln.Addr().String()
+}
+
+// closedPort returns an address where nothing listens.
+func closedPort(t *testing.T) string {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+type fixture struct {
+	client   *Client
+	upgrades *atomic.Int32
+}
+
+func setup(t *testing.T, token string) fixture {
+	h := &Handler{
+		Open: services{device: "robot", addrs: map[string]string{"echo": echo(t), "down": closedPort(t)}},
+		Authorize: func(r *http.Request) (Allow, error) {
+			if r.Header.Get("Authorization") != "Bearer good" {
+				return nil, &StatusError{Code: http.StatusUnauthorized, Msg: "no valid user token: pass --token-file"}
+			}
+			return func(t Target) error {
+				if t.Service == "secret" {
+					return ErrForbidden
+				}
+				return nil
+			}, nil
+		},
+	}
+	var upgrades atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != Path {
+			http.NotFound(w, r)
+			return
+		}
+		upgrades.Add(1)
+		h.ServeHTTP(w, r)
+	}))
+	u, _ := url.Parse(srv.URL)
+	c := NewClient(ClientConfig{Relay: u, Token: token})
+	t.Cleanup(func() {
+		c.Close()
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return fixture{client: c, upgrades: &upgrades}
+}
+
+// Many connections, one upgrade: each is a stream on the client's one
+// connection to the relay, and each gets its own bytes back after a
+// half-close.
+func TestManyConnectionsOneUpgrade(t *testing.T) {
+	f := setup(t, "good")
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for i := range 50 {
+		wg.Go(func() {
+			conn, err := f.client.Dial(context.Background(), Target{"robot", "echo"})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close()
+			msg := strings.Repeat(fmt.Sprint(i), 1000*i)
+			go func() {
+				conn.Write([]byte(msg))
+				conn.(interface{ CloseWrite() error }).CloseWrite()
+			}()
+			got, err := io.ReadAll(conn)
+			if err != nil || string(got) != msg {
+				errs <- fmt.Errorf("connection %d: %d bytes back, %v", i, len(got), err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := f.upgrades.Load(); n != 1 {
+		t.Errorf("%d upgrades for 50 connections, want 1", n)
+	}
+}
+
+// Each refusal reaches the user as what it is.
+func TestRefusalsSayWhy(t *testing.T) {
+	f := setup(t, "good")
+	for _, tc := range []struct {
+		target Target
+		want   error
+	}{
+		{Target{"robot", "nope"}, ErrUnknownService},
+		{Target{"other", "echo"}, ErrNoDevice},
+		{Target{"robot", "secret"}, ErrForbidden},
+		{Target{"robot", "down"}, ErrRefused},
+	} {
+		conn, err := f.client.Dial(context.Background(), tc.target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = conn.Read(make([]byte, 1))
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: read error %v, want %v", tc.target, err, tc.want)
+		}
+		conn.Close()
+	}
+	// The connection to the fleet survives them.
+	conn, _ := f.client.Dial(context.Background(), Target{"robot", "echo"})
+	defer conn.Close()
+	conn.Write([]byte("still here"))
+	buf := make([]byte, 10)
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "still here" {
+		t.Fatalf("after the refusals: %q, %v", buf, err)
+	}
+}
+
+func TestBadCredentialRefusedAtTheUpgrade(t *testing.T) {
+	f := setup(t, "bad")
+	_, err := f.client.Dial(context.Background(), Target{"robot", "echo"})
+	var he *HandshakeError
+	if !errors.As(err, &he) || he.Status != http.StatusUnauthorized || !strings.Contains(he.Message, "--token-file") {
+		t.Fatalf("dial with a bad token: %v", err)
+	}
+}
+
+func TestNotAnUpgrade(t *testing.T) {
+	h := &Handler{}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
+	if rec.Code != http.StatusUpgradeRequired || !strings.Contains(rec.Body.String(), "switchboard connect") {
+		t.Fatalf("%d %q", rec.Code, rec.Body.String())
+	}
+}
+
+func TestParseTarget(t *testing.T) {
+	for in, ok := range map[string]bool{
+		"robot-1/ssh": true, "lab.rig/db": true, "robot": false, "/ssh": false, "robot/": false,
+		"robot/SSH": false, "a/b/c": false, "ro bot/ssh": false,
+	} {
+		if _, err := ParseTarget(in); (err == nil) != ok {
+			t.Errorf("ParseTarget(%q): %v", in, err)
+		}
+	}
+}

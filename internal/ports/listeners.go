@@ -1,0 +1,265 @@
+package ports
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/connect"
+	"github.com/switchboard-relay/switchboard/internal/proxyproto"
+	"github.com/switchboard-relay/switchboard/internal/splice"
+)
+
+// DefaultUDPIdle is how long a UDP flow lasts without a datagram either way.
+const DefaultUDPIdle = 60 * time.Second
+
+// DefaultUDPQueue is how many datagrams a UDP flow holds for its device
+// before it drops new ones.
+const DefaultUDPQueue = 64
+
+// Listeners keeps this relay listening on every mapped port and carries
+// each connection (UDP: each flow) to its device's service through Open.
+type Listeners struct {
+	// Host is the address the ports are opened on: the public listener's
+	// host ("" for every address).
+	Host string
+	Open connect.Opener
+	// UDPIdle and UDPQueue: DefaultUDPIdle and DefaultUDPQueue if zero.
+	UDPIdle  time.Duration
+	UDPQueue int
+	Logger   *slog.Logger
+
+	mu    sync.Mutex // guards open
+	open  map[string]port
+	ctx   context.Context
+	close context.CancelFunc
+}
+
+// port is one open mapped port.
+type port interface {
+	mapping() Mapping
+	stop() // closes the port and every connection through it, and waits
+}
+
+// Apply opens the ports of ms that are not open, and closes those open
+// that ms no longer maps (or maps differently). It returns an error for
+// each port it could not open (in use on this host, say); the others are
+// open.
+func (l *Listeners) Apply(ms []Mapping) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open == nil {
+		l.open = map[string]port{}
+		l.ctx, l.close = context.WithCancel(context.Background())
+	}
+	want := map[string]Mapping{}
+	for _, m := range ms {
+		want[m.Key()] = m
+	}
+	for key, p := range l.open {
+		if m, ok := want[key]; !ok || !sameMapping(m, p.mapping()) {
+			p.stop()
+			delete(l.open, key)
+		}
+	}
+	var errs []error
+	for key, m := range want {
+		if _, ok := l.open[key]; ok {
+			continue
+		}
+		p, err := l.start(m)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s port %d for %s: %w", m.Network, m.Port, m.Target, err))
+			continue
+		}
+		l.open[key] = p
+	}
+	return errors.Join(errs...)
+}
+
+func sameMapping(a, b Mapping) bool {
+	return a.Target == b.Target && a.MaxConns == b.MaxConns && a.ProxyProtocol == b.ProxyProtocol && fmt.Sprint(a.Allow) == fmt.Sprint(b.Allow)
+}
+
+// Close closes every port and the connections through them.
+func (l *Listeners) Close() {
+	l.Apply(nil)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.close != nil {
+		l.close()
+	}
+}
+
+func (l *Listeners) start(m Mapping) (port, error) {
+	target, err := connect.ParseTarget(m.Target)
+	if err != nil {
+		return nil, err
+	}
+	prefixes, err := m.prefixes()
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort(l.Host, strconv.Itoa(m.Port))
+	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler)).With("component", "ports", "port", m.Port, "network", m.Network, "target", m.Target)
+	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, conns: map[net.Conn]struct{}{}}
+	if m.MaxConns > 0 {
+		base.slots = make(chan struct{}, m.MaxConns)
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	base.ctx, base.cancel = ctx, cancel
+	if m.Network == UDP {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		p := &udpPort{portBase: base, pc: pc, flows: map[netip.AddrPort]*flow{},
+			idle: cmp.Or(l.UDPIdle, DefaultUDPIdle), queue: cmp.Or(l.UDPQueue, DefaultUDPQueue)}
+		p.wg.Go(p.read)
+		return p, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	p := &tcpPort{portBase: base, ln: ln}
+	p.wg.Go(p.accept)
+	return p, nil
+}
+
+// portBase is what TCP and UDP ports share.
+type portBase struct {
+	m        Mapping
+	target   connect.Target
+	prefixes []netip.Prefix
+	open     connect.Opener
+	log      *slog.Logger
+	slots    chan struct{} // a token per connection open, when bounded
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	mu    sync.Mutex // guards conns
+	conns map[net.Conn]struct{}
+}
+
+func (p *portBase) mapping() Mapping { return p.m }
+
+// admit reports whether a connection from addr may go on, taking a slot.
+func (p *portBase) admit(addr netip.Addr) bool {
+	if !allows(p.prefixes, addr) {
+		p.log.Info("connection refused: source not allowed", "source", addr)
+		return false
+	}
+	if p.slots == nil {
+		return true
+	}
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	default:
+		p.log.Info("connection refused: the port's connection limit is reached", "source", addr, "limit", p.m.MaxConns)
+		return false
+	}
+}
+
+func (p *portBase) release() {
+	if p.slots != nil {
+		<-p.slots
+	}
+}
+
+// track keeps c to be closed when the port closes; untrack forgets it.
+func (p *portBase) track(c net.Conn) {
+	p.mu.Lock()
+	p.conns[c] = struct{}{}
+	p.mu.Unlock()
+}
+
+func (p *portBase) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+func (p *portBase) closeConns() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// tcpPort is a mapped TCP port.
+type tcpPort struct {
+	*portBase
+	ln net.Listener
+}
+
+func (p *tcpPort) stop() {
+	p.cancel()
+	p.ln.Close()
+	p.closeConns()
+	p.wg.Wait()
+}
+
+func (p *tcpPort) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.log.Warn("accepting stopped", "err", err)
+			}
+			return
+		}
+		src := netip.MustParseAddrPort(c.RemoteAddr().String())
+		if !p.admit(src.Addr()) {
+			c.Close()
+			continue
+		}
+		p.track(c)
+		p.wg.Go(func() {
+			defer p.release()
+			defer p.untrack(c)
+			p.serve(c, src)
+		})
+	}
+}
+
+// serve carries one connection to the device's service.
+func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
+	defer c.Close()
+	start := time.Now()
+	dev, err := p.open.Open(p.ctx, p.target)
+	if err != nil {
+		p.log.Info("connection refused", "source", src, "err", err)
+		return
+	}
+	p.track(dev)
+	defer p.untrack(dev)
+	if p.m.ProxyProtocol {
+		dst, _ := netip.ParseAddrPort(c.LocalAddr().String())
+		hdr, err := proxyproto.Append(nil, proxyproto.Header{Source: src, Destination: dst})
+		if err == nil {
+			_, err = dev.Write(hdr)
+		}
+		if err != nil {
+			p.log.Info("connection ended: the PROXY header could not be sent", "source", src, "err", err)
+			dev.Close()
+			return
+		}
+	}
+	p.log.Info("connected", "source", src)
+	res := splice.Join(c, dev)
+	p.log.Info("disconnected", "source", src, "duration_ms", time.Since(start).Milliseconds(),
+		"bytes_in", res.AToB, "bytes_out", res.BToA)
+}

@@ -1,0 +1,36 @@
+package testkit
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Tool finds a program none of us wrote that a test runs (nginx, haproxy,
+// sshd, ...): $SWITCHBOARD_<NAME> if set, else the PATH, else /usr/sbin
+// (Debian's place for daemons, often not on a user's PATH). A missing
+// program skips the test, unless the environment variable require is set
+// (CI sets it), which makes it fail.
+func Tool(tb testing.TB, name, require string) string {
+	tb.Helper()
+	if p := os.Getenv("SWITCHBOARD_" + strings.ToUpper(name)); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	if p := "/usr/sbin/" + name; fileExists(p) {
+		return p
+	}
+	if os.Getenv(require) != "" {
+		tb.Fatalf("%s is not installed (apt-get install it, or set SWITCHBOARD_%s), and %s asks for it", name, strings.ToUpper(name), require)
+	}
+	tb.Skipf("%s is not installed; set %s to make this a failure", name, require)
+	return ""
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
