@@ -19,6 +19,18 @@ const (
 	ProtocolLongPoll = "longpoll" // the http-relay long-poll protocol
 )
 
+// Defaults of Config, taken by Complete, the command line's flags and the
+// docs alike.
+const (
+	DefaultProtocol           = ProtocolNative
+	DefaultMaxChunkSize       = 1 << 20
+	DefaultBlockSize          = 64 << 10
+	DefaultNumPendingRequests = 1
+	DefaultMaxRequestBytes    = 256 << 20
+	DefaultKeepAlive          = 3 * time.Second
+	DefaultPollTimeout        = 45 * time.Second
+)
+
 // Config configures an agent. Zero fields take the defaults named on them.
 type Config struct {
 	// Relays are the relay URLs to dial, e.g. https://relay.example.com.
@@ -79,26 +91,26 @@ type Config struct {
 // Complete fills in defaults for zero fields.
 func (c *Config) Complete() {
 	if c.Protocol == "" {
-		c.Protocol = ProtocolNative
+		c.Protocol = DefaultProtocol
 	}
 	c.Liveness = c.Liveness.WithDefaults()
 	if c.MaxChunkSize <= 0 {
-		c.MaxChunkSize = 1 << 20
+		c.MaxChunkSize = DefaultMaxChunkSize
 	}
 	if c.BlockSize <= 0 {
-		c.BlockSize = 64 << 10
+		c.BlockSize = DefaultBlockSize
 	}
 	if c.NumPendingRequests <= 0 {
-		c.NumPendingRequests = 1
+		c.NumPendingRequests = DefaultNumPendingRequests
 	}
 	if c.MaxRequestBytes <= 0 {
-		c.MaxRequestBytes = 256 << 20
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if c.KeepAlive <= 0 {
-		c.KeepAlive = 3 * time.Second
+		c.KeepAlive = DefaultKeepAlive
 	}
 	if c.PollTimeout <= 0 {
-		c.PollTimeout = 45 * time.Second
+		c.PollTimeout = DefaultPollTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -10,6 +10,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// Defaults of Config, taken by Complete, the command line's flags and the
+// docs alike.
+const (
+	DefaultPollWait               = 30 * time.Second
+	DefaultNoAgentGrace           = 2 * time.Second
+	DefaultPickupTimeout          = 10 * time.Second
+	DefaultInactiveRequestTimeout = 60 * time.Second
+	DefaultInactiveBackendTimeout = 30 * time.Minute
+	DefaultRequestStreamWait      = 30 * time.Second
+	DefaultAgentGoneGrace         = time.Second
+	DefaultMaxPendingPerDevice    = 64
+	DefaultMaxBodyBytes           = 64 << 20
+	DefaultBlockSize              = 10240
+)
+
 // Config sets the broker's timeouts and limits. The zero value of every field
 // means its default, filled in by Complete.
 type Config struct {
@@ -65,16 +80,16 @@ type Config struct {
 
 // Complete fills in defaults for zero fields.
 func (c *Config) Complete() {
-	setDefault(&c.PollWait, 30*time.Second)
-	setDefault(&c.NoAgentGrace, 2*time.Second)
-	setDefault(&c.PickupTimeout, 10*time.Second)
-	setDefault(&c.InactiveRequestTimeout, 60*time.Second)
-	setDefault(&c.InactiveBackendTimeout, 30*time.Minute)
-	setDefault(&c.RequestStreamWait, 30*time.Second)
-	setDefault(&c.AgentGoneGrace, time.Second)
-	setDefault(&c.MaxPendingPerDevice, 64)
-	setDefault(&c.MaxBodyBytes, 64<<20)
-	setDefault(&c.BlockSize, 10240)
+	setDefault(&c.PollWait, DefaultPollWait)
+	setDefault(&c.NoAgentGrace, DefaultNoAgentGrace)
+	setDefault(&c.PickupTimeout, DefaultPickupTimeout)
+	setDefault(&c.InactiveRequestTimeout, DefaultInactiveRequestTimeout)
+	setDefault(&c.InactiveBackendTimeout, DefaultInactiveBackendTimeout)
+	setDefault(&c.RequestStreamWait, DefaultRequestStreamWait)
+	setDefault(&c.AgentGoneGrace, DefaultAgentGoneGrace)
+	setDefault(&c.MaxPendingPerDevice, DefaultMaxPendingPerDevice)
+	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.BlockSize, DefaultBlockSize)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -18,6 +18,29 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 )
 
+// Defaults of Config, taken by Complete, the command line's flags and the
+// docs alike. The defaults of the components a node is made of are theirs:
+// broker.Default…, fleet.Default…, watchdog.Default…, tunnel.Default….
+const (
+	DefaultListen             = ":8080"
+	DefaultAdminListen        = "127.0.0.1:9090"
+	DefaultDataDir            = store.DefaultDataDir
+	DefaultNATSReplicas       = store.DefaultReplicas
+	DefaultMaxChunkBytes      = 16 << 20
+	DefaultMaxHeaderBytes     = 64 << 10
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultIdleTimeout        = 120 * time.Second
+	DefaultIdleStreamTimeout  = 60 * time.Second
+	DefaultMaxStreamsPerAgent = tunnel.DefaultMaxStreams
+	DefaultDrainTimeout       = 25 * time.Second
+	DefaultShutdownDelay      = time.Second
+	DefaultDrainSpread        = 5 * time.Second
+	DefaultSessionTTL         = 8 * time.Hour
+	// AdminTokenFileName is the admin token's file in DataDir, unless
+	// AdminTokenFile names another.
+	AdminTokenFileName = "admin.token"
+)
+
 // Config configures a relay node. Zero fields take the defaults named on them.
 type Config struct {
 	// Listen is the public address for users and agents. Default ":8080".
@@ -154,43 +177,46 @@ type Config struct {
 // Complete fills in defaults for zero fields.
 func (c *Config) Complete() {
 	if c.Listen == "" {
-		c.Listen = ":8080"
+		c.Listen = DefaultListen
 	}
 	if c.AdminListen == "" {
-		c.AdminListen = "127.0.0.1:9090"
+		c.AdminListen = DefaultAdminListen
 	}
 	if c.DataDir == "" {
-		c.DataDir = "./switchboard-data"
+		c.DataDir = DefaultDataDir
+	}
+	if c.NATSReplicas == 0 {
+		c.NATSReplicas = DefaultNATSReplicas
 	}
 	if c.MaxChunkBytes <= 0 {
-		c.MaxChunkBytes = 16 << 20
+		c.MaxChunkBytes = DefaultMaxChunkBytes
 	}
 	if c.MaxHeaderBytes <= 0 {
-		c.MaxHeaderBytes = 64 << 10
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	if c.ReadHeaderTimeout <= 0 {
-		c.ReadHeaderTimeout = 10 * time.Second
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
 	}
 	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 120 * time.Second
+		c.IdleTimeout = DefaultIdleTimeout
 	}
 	if c.IdleStreamTimeout == 0 {
-		c.IdleStreamTimeout = 60 * time.Second
+		c.IdleStreamTimeout = DefaultIdleStreamTimeout
 	}
 	if c.MaxStreamsPerAgent == 0 {
-		c.MaxStreamsPerAgent = tunnel.DefaultMaxStreams
+		c.MaxStreamsPerAgent = DefaultMaxStreamsPerAgent
 	}
 	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 25 * time.Second
+		c.DrainTimeout = DefaultDrainTimeout
 	}
 	if c.ShutdownDelay <= 0 {
-		c.ShutdownDelay = time.Second
+		c.ShutdownDelay = DefaultShutdownDelay
 	}
 	if c.DrainSpread <= 0 {
-		c.DrainSpread = 5 * time.Second
+		c.DrainSpread = DefaultDrainSpread
 	}
 	if c.SessionTTL <= 0 {
-		c.SessionTTL = 8 * time.Hour
+		c.SessionTTL = DefaultSessionTTL
 	}
 	if c.Version == "" {
 		c.Version = "dev"
@@ -251,5 +277,5 @@ func (c *Config) AdminTokenPath() string {
 	if c.AdminTokenFile != "" {
 		return c.AdminTokenFile
 	}
-	return filepath.Join(c.DataDir, "admin.token")
+	return filepath.Join(c.DataDir, AdminTokenFileName)
 }

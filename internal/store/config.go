@@ -16,8 +16,14 @@ import (
 	"strings"
 )
 
-// DefaultDataDir is the data directory used when Config.DataDir is empty.
-const DefaultDataDir = "./switchboard-data"
+// Defaults of Config.
+const (
+	// DefaultDataDir is the data directory used when Config.DataDir is empty.
+	DefaultDataDir = "./switchboard-data"
+	// DefaultReplicas is the copies JetStream keeps of each bucket when
+	// Config.Replicas is 0: the only value the embedded server takes.
+	DefaultReplicas = 1
+)
 
 // ErrInvalidConfig is wrapped by every error Config.Validate returns.
 var ErrInvalidConfig = errors.New("invalid store configuration")
@@ -80,7 +86,7 @@ func (c *Config) Complete() {
 		c.ServerName = defaultServerName()
 	}
 	if c.Replicas == 0 {
-		c.Replicas = 1
+		c.Replicas = DefaultReplicas
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

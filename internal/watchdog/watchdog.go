@@ -53,7 +53,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-func (c *Config) complete() {
+// Complete fills in defaults for zero fields.
+func (c *Config) Complete() {
 	if c.Interval <= 0 {
 		c.Interval = DefaultInterval
 	}
@@ -94,7 +95,7 @@ type Watchdog struct {
 
 // New returns a watchdog; Run starts its probes.
 func New(cfg Config) *Watchdog {
-	cfg.complete()
+	cfg.Complete()
 	return &Watchdog{cfg: cfg, peers: map[string]*peerState{}}
 }
 
