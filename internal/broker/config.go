@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/config"
 )
 
 // Defaults of Config, taken by Complete, the command line's flags and the
@@ -95,32 +97,38 @@ func (c *Config) Complete() {
 	}
 }
 
-// Validate rejects settings that cannot work.
+// Validate rejects settings that cannot work. Its errors are
+// *config.FieldError, in the words of this Config's fields.
 func (c *Config) Validate() error {
 	if len(c.IDPrefix) != 0 && len(c.IDPrefix) != 8 || strings.Trim(c.IDPrefix, "0123456789abcdef") != "" {
-		return fmt.Errorf("broker: IDPrefix %q must be 8 lowercase hex digits or empty", c.IDPrefix)
+		return config.Invalidf(component, "IDPrefix", "%q must be 8 lowercase hex digits or empty", c.IDPrefix)
 	}
 	var errs []error
-	positive := func(name string, ok bool) {
+	positive := func(field string, ok bool) {
 		if !ok {
-			errs = append(errs, fmt.Errorf("%s must be positive", name))
+			errs = append(errs, config.Invalidf(component, field, "must be positive"))
 		}
 	}
-	positive("poll wait", c.PollWait > 0)
-	positive("no-agent grace", c.NoAgentGrace > 0)
-	positive("pickup timeout", c.PickupTimeout > 0)
-	positive("inactive request timeout", c.InactiveRequestTimeout > 0)
-	positive("inactive backend timeout", c.InactiveBackendTimeout > 0)
-	positive("request stream wait", c.RequestStreamWait > 0)
-	positive("agent gone grace", c.AgentGoneGrace > 0)
-	positive("max pending requests per device", c.MaxPendingPerDevice > 0)
-	positive("max body bytes", c.MaxBodyBytes > 0)
-	positive("block size", c.BlockSize > 0)
+	positive("PollWait", c.PollWait > 0)
+	positive("NoAgentGrace", c.NoAgentGrace > 0)
+	positive("PickupTimeout", c.PickupTimeout > 0)
+	positive("InactiveRequestTimeout", c.InactiveRequestTimeout > 0)
+	positive("InactiveBackendTimeout", c.InactiveBackendTimeout > 0)
+	positive("RequestStreamWait", c.RequestStreamWait > 0)
+	positive("AgentGoneGrace", c.AgentGoneGrace > 0)
+	positive("MaxPendingPerDevice", c.MaxPendingPerDevice > 0)
+	positive("MaxBodyBytes", c.MaxBodyBytes > 0)
+	positive("BlockSize", c.BlockSize > 0)
 	if c.InactiveRequestTimeout > 0 && c.PickupTimeout > c.InactiveRequestTimeout {
-		errs = append(errs, fmt.Errorf("pickup timeout (%v) must not exceed the inactive request timeout (%v)", c.PickupTimeout, c.InactiveRequestTimeout))
+		errs = append(errs, config.Invalid(component, "PickupTimeout", func(name func(string) string) string {
+			return fmt.Sprintf("(%v) must not exceed %s (%v)", c.PickupTimeout, name("InactiveRequestTimeout"), c.InactiveRequestTimeout)
+		}))
 	}
 	return errors.Join(errs...)
 }
+
+// component names the broker in its configuration errors.
+const component = "broker"
 
 func setDefault[T comparable](v *T, def T) {
 	var zero T

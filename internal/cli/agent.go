@@ -156,7 +156,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
-		return &UsageError{Err: err}
+		return &UsageError{Err: withFlagNames(err)}
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -106,7 +106,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
-		return err
+		return withFlagNames(err)
 	}
 	fmt.Fprintf(stdout, "switchboard relay listening on %s (admin %s)\nadmin token: %s\n", n.Addr(), n.AdminAddr(), n.AdminTokenPath())
 	select {
