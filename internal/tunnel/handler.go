@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -121,9 +121,4 @@ func (h *Handler) log() *slog.Logger {
 	return h.Logger
 }
 
-func textError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	io.WriteString(w, msg+"\n")
-}
+func textError(w http.ResponseWriter, status int, msg string) { httperr.Text(w, status, msg) }
