@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
@@ -25,12 +23,10 @@ import (
 
 // Event types of routing.
 const (
-	EventRelayVetoed  = "relay.vetoed"
-	EventVetoCleared  = "relay.veto_cleared"
-	routingComponent  = "routing"
-	probePath         = "/healthz"
-	forwardOutcomeOK  = "ok"
-	forwardOutcomeErr = "error"
+	EventRelayVetoed = "relay.vetoed"
+	EventVetoCleared = "relay.veto_cleared"
+	routingComponent = "routing"
+	probePath        = "/healthz"
 )
 
 // openRouting sets up what lets any relay serve any device: the peer
@@ -45,27 +41,11 @@ func (n *Node) openRouting(ctx context.Context) error {
 		return err
 	}
 	n.signer.Legacy = n.member.SecretLegacy
-	failovers := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "switchboard", Name: "veto_seconds",
-		Help:    "Time from a peer's first missed probe (or refused connection: 0) to its veto.",
-		Buckets: []float64{0, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5},
-	}, []string{"cause"})
-	forwards := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "switchboard", Name: "forwards_total",
-		Help: "User requests forwarded one hop to the relay holding their device, by outcome.",
-	}, []string{"outcome"})
-	n.registry.MustRegister(failovers, forwards)
-	// Every series from the start, so that dashboards and alerts see zeros
-	// rather than nothing.
-	failovers.WithLabelValues("probes")
-	failovers.WithLabelValues("data_path")
-	forwards.WithLabelValues(forwardOutcomeOK)
-	forwards.WithLabelValues(forwardOutcomeErr)
-
 	probe := &http.Client{Transport: newProbeTransport(n.peerTLS)}
 	n.probeClient = probe
 	wc := n.cfg.Watchdog
 	wc.Logger = n.log.With("component", routingComponent)
+	wc.Metrics = n.registry
 	wc.Peers = n.watchedPeers
 	wc.Probe = func(ctx context.Context, p watchdog.Peer) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(p.Address, "/")+probePath, nil)
@@ -83,11 +63,10 @@ func (n *Node) openRouting(ctx context.Context) error {
 		return nil
 	}
 	wc.OnVeto = func(id string, after time.Duration, reason error) {
-		cause := "probes"
+		cause := watchdog.CauseProbes
 		if after == 0 {
-			cause = "data_path"
+			cause = watchdog.CauseDataPath
 		}
-		failovers.WithLabelValues(cause).Observe(after.Seconds())
 		n.member.Record(fleet.Event{Type: EventRelayVetoed, RelayID: id, DurationMS: float64(after.Microseconds()) / 1000,
 			Message: fmt.Sprintf("relay %s vetoed by %s (%s): %v", id, n.member.ID(), cause, reason)})
 	}
@@ -122,13 +101,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr.Known = func(device string) bool { return n.member.Known(device) || n.broker.Remembers(device) }
 	fr.Grace = n.cfg.Broker.NoAgentGrace
 	fr.Veto = n.watchdog.Veto
-	fr.OnForward = func(_ string, err error) {
-		if err != nil {
-			forwards.WithLabelValues(forwardOutcomeErr).Inc()
-			return
-		}
-		forwards.WithLabelValues(forwardOutcomeOK).Inc()
-	}
+	fr.OnForward = router.NewForwardMetrics(n.registry).Observe
 	fr.Logger = n.log
 	n.router = fr
 	return nil

@@ -13,6 +13,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Defaults of Config.
@@ -49,6 +51,9 @@ type Config struct {
 	OnVeto func(id string, after time.Duration, reason error)
 	// OnClear is told when a probe that answered clears a veto. Optional.
 	OnClear func(id string)
+	// Metrics is where the watchdog registers its metrics; nil registers
+	// nowhere.
+	Metrics prometheus.Registerer
 	// Logger receives transitions; nil discards.
 	Logger *slog.Logger
 }
@@ -87,7 +92,8 @@ type peerState struct {
 
 // Watchdog probes peers and keeps the veto set. It is safe for concurrent use.
 type Watchdog struct {
-	cfg Config
+	cfg     Config
+	metrics metrics
 
 	mu    sync.Mutex
 	peers map[string]*peerState
@@ -96,7 +102,7 @@ type Watchdog struct {
 // New returns a watchdog; Run starts its probes.
 func New(cfg Config) *Watchdog {
 	cfg.Complete()
-	return &Watchdog{cfg: cfg, peers: map[string]*peerState{}}
+	return &Watchdog{cfg: cfg, metrics: newMetrics(cfg.Metrics), peers: map[string]*peerState{}}
 }
 
 // Vetoed reports whether id is vetoed now.
@@ -131,6 +137,7 @@ func (w *Watchdog) Veto(id string, reason error) {
 	w.mu.Unlock()
 	if !was {
 		w.cfg.Logger.Warn("peer vetoed: the data path could not reach it", "relay_id", id, "error", reason)
+		w.metrics.vetoed(CauseDataPath, 0)
 		w.cfg.OnVeto(id, 0, reason)
 	}
 }
@@ -206,6 +213,7 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 	w.mu.Unlock()
 	if fire {
 		w.cfg.Logger.Warn("peer vetoed: it missed its probes", "relay_id", p.ID, "misses", w.cfg.Misses, "error", err)
+		w.metrics.vetoed(CauseProbes, after)
 		w.cfg.OnVeto(p.ID, after, err)
 	}
 }
