@@ -2,7 +2,6 @@ package tunnel
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -54,12 +53,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	agentID, err := h.Authorize(r, device)
 	if err != nil {
-		var se interface{ HTTPStatus() int }
-		status := http.StatusForbidden
-		if errors.As(err, &se) {
-			status = se.HTTPStatus()
-		}
-		textError(w, status, err.Error())
+		textError(w, httperr.StatusOf(err, http.StatusForbidden), err.Error())
 		return
 	}
 	instance := r.Header.Get(wire.InstanceHeader)
