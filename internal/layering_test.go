@@ -18,7 +18,7 @@ const module = "github.com/switchboard-relay/switchboard/internal/"
 var layers = [][]string{
 	// What every component shares: how its configuration and its HTTP
 	// errors are told.
-	{"config", "httperr"},
+	{"config", "httperr", "logkey"},
 	// Pure policy, protocol and plumbing: nothing below but the shared.
 	{"backoff", "ranking", "secret", "wire", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols.

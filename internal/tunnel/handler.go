@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/httperr"
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -84,7 +85,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case IsHandshake(r):
 		conn, err := AcceptPlaced(w, r, place)
 		if err != nil {
-			h.log().Warn("tunnel handshake failed", "device", device, "err", err)
+			h.log().Warn("tunnel handshake failed", logkey.Device, device, logkey.Err, err)
 			return
 		}
 		h.add(conn, device, agentID, instance)
@@ -104,7 +105,7 @@ func (h *Handler) acceptWebSocket(w http.ResponseWriter, r *http.Request, device
 
 func (h *Handler) add(conn net.Conn, device, agentID, instance string) {
 	if _, err := h.Pool.Add(conn, device, agentID, instance); err != nil {
-		h.log().Info("tunnel dropped", "device", device, "instance", instance, "err", err)
+		h.log().Info("tunnel dropped", logkey.Device, device, logkey.Instance, instance, logkey.Err, err)
 	}
 }
 

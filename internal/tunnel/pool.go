@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/replay"
 )
 
@@ -156,7 +157,7 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 		p.drainLater(s, w/2+rand.N(w/2+1))
 	}
 	p.changed()
-	p.log.Debug("tunnel connected", "device", device, "instance", instance)
+	p.log.Debug("tunnel connected", logkey.Device, device, logkey.Instance, instance)
 	return s, nil
 }
 

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Defaults of Config.
@@ -136,7 +138,7 @@ func (w *Watchdog) Veto(id string, reason error) {
 	s.vetoUntil = now.Add(w.cfg.VetoTTL)
 	w.mu.Unlock()
 	if !was {
-		w.cfg.Logger.Warn("peer vetoed: the data path could not reach it", "relay_id", id, "error", reason)
+		w.cfg.Logger.Warn("peer vetoed: the data path could not reach it", logkey.RelayID, id, logkey.Err, reason)
 		w.metrics.vetoed(CauseDataPath, 0)
 		w.cfg.OnVeto(id, 0, reason)
 	}
@@ -193,7 +195,7 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 		s.misses, s.vetoUntil = 0, time.Time{}
 		w.mu.Unlock()
 		if vetoed {
-			w.cfg.Logger.Info("peer answers again; veto cleared", "relay_id", p.ID)
+			w.cfg.Logger.Info("peer answers again; veto cleared", logkey.RelayID, p.ID)
 			w.cfg.OnClear(p.ID)
 		}
 		return
@@ -212,7 +214,7 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 	after := now.Sub(s.firstMiss)
 	w.mu.Unlock()
 	if fire {
-		w.cfg.Logger.Warn("peer vetoed: it missed its probes", "relay_id", p.ID, "misses", w.cfg.Misses, "error", err)
+		w.cfg.Logger.Warn("peer vetoed: it missed its probes", logkey.RelayID, p.ID, logkey.Misses, w.cfg.Misses, logkey.Err, err)
 		w.metrics.vetoed(CauseProbes, after)
 		w.cfg.OnVeto(p.ID, after, err)
 	}
