@@ -16,7 +16,10 @@ const module = "github.com/switchboard-relay/switchboard/internal/"
 // layers lists the internal packages from the bottom up. A package may
 // import packages of lower layers only; a new package must be placed here.
 var layers = [][]string{
-	// Pure policy, protocol and plumbing: no Switchboard package below.
+	// What every component shares: how its configuration and its HTTP
+	// errors are told.
+	{"config", "httperr", "logkey"},
+	// Pure policy, protocol and plumbing: nothing below but the shared.
 	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols.
 	{"auth", "peer", "broker", "fleet"},

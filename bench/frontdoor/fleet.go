@@ -134,14 +134,14 @@ func (s *setup) get(device, tag string, byHeader bool) error {
 	return nil
 }
 
-// forwards sums switchboard_forwards_total over the live relays.
+// forwards sums switchboard_router_forwards_total over the live relays.
 func (s *setup) forwards() float64 {
 	var sum float64
 	for _, r := range s.f.Relays() {
 		if !r.Alive() {
 			continue
 		}
-		sum += counter(s.client, r.AdminURL()+"/metrics", "switchboard_forwards_total")
+		sum += counter(s.client, r.AdminURL()+"/metrics", "switchboard_router_forwards_total")
 	}
 	return sum
 }

@@ -7,7 +7,7 @@
 // process know only the front door's URL, as in a real deployment; users'
 // requests go through the front door too. It reports the share of users'
 // requests that needed a forward hop (from the relays'
-// switchboard_forwards_total), then kills -9 the relay holding the most
+// switchboard_router_forwards_total), then kills -9 the relay holding the most
 // devices and reports, per device it held, the time until requests through
 // the front door succeed again, and the failed requests of the load.
 //

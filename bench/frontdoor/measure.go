@@ -18,7 +18,7 @@ import (
 // loadResult counts a steady user load through the front door.
 type loadResult struct {
 	sent, failed int64
-	forwards     float64 // switchboard_forwards_total gained over the fleet meanwhile
+	forwards     float64 // switchboard_router_forwards_total gained over the fleet meanwhile
 	firstErr     string
 }
 

@@ -8,35 +8,17 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 )
 
-// ErrSpent is the error of a code used a second time.
-var ErrSpent = &spentError{}
-
-type spentError struct{}
-
-func (*spentError) Error() string {
-	return "this access code was already used; codes work once: ask for a new one"
-}
-
-// HTTPStatus makes a reused code a 401.
-func (*spentError) HTTPStatus() int { return http.StatusUnauthorized }
+// ErrSpent is the error of a code used a second time: a 401.
+var ErrSpent error = httperr.New(http.StatusUnauthorized, "this access code was already used; codes work once: ask for a new one")
 
 // ErrBusy is the error of a code that cannot be recorded because too many
-// codes are live at once.
-var ErrBusy = &busyError{}
-
-type busyError struct{}
-
-func (*busyError) Error() string {
-	return "this relay is tracking too many access codes right now; try again in a few seconds"
-}
-
-// HTTPStatus makes it a 503.
-func (*busyError) HTTPStatus() int { return http.StatusServiceUnavailable }
-
-// RetryAfterDelay suggests when to come back.
-func (*busyError) RetryAfterDelay() time.Duration { return 5 * time.Second }
+// codes are live at once: a 503, to come back in a few seconds.
+var ErrBusy error = &httperr.Error{Status: http.StatusServiceUnavailable, RetryAfter: 5 * time.Second,
+	Message: "this relay is tracking too many access codes right now; try again in a few seconds"}
 
 // DefaultMaxSpent bounds the codes a Spent set remembers at once. Codes
 // live a minute at most, so this allows over 1,500 code uses a second.

@@ -4,12 +4,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/config"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -17,6 +17,18 @@ import (
 const (
 	ProtocolNative   = "native"   // Switchboard's tunnel: one multiplexed connection
 	ProtocolLongPoll = "longpoll" // the http-relay long-poll protocol
+)
+
+// Defaults of Config, taken by Complete, the command line's flags and the
+// docs alike.
+const (
+	DefaultProtocol           = ProtocolNative
+	DefaultMaxChunkSize       = 1 << 20
+	DefaultBlockSize          = 64 << 10
+	DefaultNumPendingRequests = 1
+	DefaultMaxRequestBytes    = 256 << 20
+	DefaultKeepAlive          = 3 * time.Second
+	DefaultPollTimeout        = 45 * time.Second
 )
 
 // Config configures an agent. Zero fields take the defaults named on them.
@@ -85,26 +97,26 @@ type Config struct {
 // Complete fills in defaults for zero fields.
 func (c *Config) Complete() {
 	if c.Protocol == "" {
-		c.Protocol = ProtocolNative
+		c.Protocol = DefaultProtocol
 	}
 	c.Liveness = c.Liveness.WithDefaults()
 	if c.MaxChunkSize <= 0 {
-		c.MaxChunkSize = 1 << 20
+		c.MaxChunkSize = DefaultMaxChunkSize
 	}
 	if c.BlockSize <= 0 {
-		c.BlockSize = 64 << 10
+		c.BlockSize = DefaultBlockSize
 	}
 	if c.NumPendingRequests <= 0 {
-		c.NumPendingRequests = 1
+		c.NumPendingRequests = DefaultNumPendingRequests
 	}
 	if c.MaxRequestBytes <= 0 {
-		c.MaxRequestBytes = 256 << 20
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if c.KeepAlive <= 0 {
-		c.KeepAlive = 3 * time.Second
+		c.KeepAlive = DefaultKeepAlive
 	}
 	if c.PollTimeout <= 0 {
-		c.PollTimeout = 45 * time.Second
+		c.PollTimeout = DefaultPollTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -114,37 +126,48 @@ func (c *Config) Complete() {
 	}
 }
 
-// Validate rejects settings that cannot work, saying how to fix them.
+// Validate rejects settings that cannot work, saying how to fix them. Its
+// errors are *config.FieldError, in the words of this Config's fields (the
+// command line names its flags instead).
 func (c *Config) Validate() error {
 	var errs []error
 	if len(c.Relays) == 0 {
-		errs = append(errs, errors.New("no relay given: set --relay to a relay's URL, e.g. http://127.0.0.1:8080"))
+		errs = append(errs, invalidf("Relays", "is empty: give a relay's URL, e.g. http://127.0.0.1:8080"))
 	}
 	for _, p := range c.BroadcastPaths {
 		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# ") {
-			errs = append(errs, fmt.Errorf("--broadcast-path %q must be a path starting with '/', without query or spaces, e.g. /stream.mjpeg", p))
+			errs = append(errs, invalidf("BroadcastPaths", "%q must be a path starting with '/', without query or spaces, e.g. /stream.mjpeg", p))
 		}
 	}
 	for _, u := range c.Relays {
 		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-			errs = append(errs, fmt.Errorf("relay URL %q must look like http(s)://host[:port]", u))
+			errs = append(errs, invalidf("Relays", "URL %q must look like http(s)://host[:port]", u))
 		}
 	}
 	if c.Device == "" {
-		errs = append(errs, errors.New("no device name given: set --device"))
+		errs = append(errs, invalidf("Device", "is empty: give the device name users address"))
 	}
 	if c.Backend == nil {
-		errs = append(errs, errors.New("no backend given: set --backend to the local service, e.g. http://127.0.0.1:3000"))
+		errs = append(errs, invalidf("Backend", "is empty: give the local service, e.g. http://127.0.0.1:3000"))
 	} else if c.Backend.Scheme != "http" && c.Backend.Scheme != "https" || c.Backend.Host == "" {
-		errs = append(errs, fmt.Errorf("backend URL %q must look like http(s)://host[:port][/path]", c.Backend))
+		errs = append(errs, invalidf("Backend", "URL %q must look like http(s)://host[:port][/path]", c.Backend))
 	}
 	if c.BackendH2C && c.Backend != nil && c.Backend.Scheme != "http" {
-		errs = append(errs, errors.New("h2c to the backend needs an http:// backend URL"))
+		errs = append(errs, config.Invalid(component, "BackendH2C", func(name func(string) string) string {
+			return "needs an http:// " + name("Backend") + " URL: h2c is HTTP/2 without TLS"
+		}))
 	}
 	if c.Protocol != ProtocolLongPoll && c.Protocol != ProtocolNative {
-		errs = append(errs, fmt.Errorf("unknown protocol %q: use %q or %q", c.Protocol, ProtocolNative, ProtocolLongPoll))
+		errs = append(errs, invalidf("Protocol", "%q is unknown: use %q or %q", c.Protocol, ProtocolNative, ProtocolLongPoll))
 	}
 	return errors.Join(errs...)
+}
+
+// component names the agent in its configuration errors.
+const component = "agent"
+
+func invalidf(field, format string, args ...any) error {
+	return config.Invalidf(component, field, format, args...)
 }
 
 func (c *Config) tlsConfig() *tls.Config {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/backoff"
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -50,15 +51,15 @@ func (a *Agent) pollLoop(ctx context.Context, wg *sync.WaitGroup) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, ErrUnauthorized):
-			a.setState("refused", "err", err)
+			a.setState("refused", logkey.Err, err)
 			return err
 		case errors.Is(err, errNoRequest):
 			failedInRow = 0
 			bo.Up(time.Now())
-			a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolLongPoll)
+			a.setState("connected", logkey.Relay, a.cfg.Relays[relay].Redacted(), logkey.Protocol, ProtocolLongPoll)
 			continue
 		case err != nil:
-			a.setState("disconnected", "relay", a.cfg.Relays[relay].Redacted(), "err", err)
+			a.setState("disconnected", logkey.Relay, a.cfg.Relays[relay].Redacted(), logkey.Err, err)
 			relay = (relay + 1) % len(a.cfg.Relays)
 			// Another relay is tried at once; only a round of failures
 			// backs off.
@@ -73,7 +74,7 @@ func (a *Agent) pollLoop(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 		failedInRow = 0
 		bo.Up(time.Now())
-		a.setState("connected", "relay", a.cfg.Relays[relay].Redacted(), "protocol", ProtocolLongPoll)
+		a.setState("connected", logkey.Relay, a.cfg.Relays[relay].Redacted(), logkey.Protocol, ProtocolLongPoll)
 		base := a.cfg.Relays[relay]
 		wg.Go(func() { a.handle(ctx, base, msg) })
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-relay/switchboard/internal/backoff"
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
@@ -30,7 +31,7 @@ func (a *Agent) runNative(ctx context.Context) error {
 		conn, placed, err := a.dialTunnel(ctx, c, extra)
 		if re, ok := tunnel.IsRedirect(err); ok {
 			if w.redirected(re) {
-				a.cfg.Logger.Debug("sent to the relay that holds the device", "relay", re.Location.Redacted(), "holder", re.Holder)
+				a.cfg.Logger.Debug("sent to the relay that holds the device", logkey.Relay, re.Location.Redacted(), logkey.Holder, re.Holder)
 				continue
 			}
 			err = errors.New("redirected too many times in a row")
@@ -39,13 +40,13 @@ func (a *Agent) runNative(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, tunnel.ErrRefused):
-			a.setState("refused", "err", err)
+			a.setState("refused", logkey.Err, err)
 			return errors.Join(ErrUnauthorized, err)
 		case errors.Is(err, tunnel.ErrNotSupported):
-			a.setState("falling back to long-poll", "relay", c.url.Redacted(), "reason", err)
+			a.setState("falling back to long-poll", logkey.Relay, c.url.Redacted(), logkey.Reason, err)
 			return a.runLongPoll(ctx)
 		case err != nil:
-			a.setState("disconnected", "relay", c.url.Redacted(), "err", err)
+			a.setState("disconnected", logkey.Relay, c.url.Redacted(), logkey.Err, err)
 			if w.failed(c) {
 				continue // another relay of the fleet's list: try it at once
 			}
@@ -56,7 +57,7 @@ func (a *Agent) runNative(ctx context.Context) error {
 		}
 		bo.Up(time.Now())
 		w.connected(c, placed)
-		a.setState("connected", "relay", c.url.Redacted(), "relay_id", placed.RelayID, "protocol", ProtocolNative)
+		a.setState("connected", logkey.Relay, c.url.Redacted(), logkey.RelayID, placed.RelayID, logkey.Protocol, ProtocolNative)
 		wc := &watchedConn{Conn: conn}
 		up := time.Now()
 		tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
@@ -67,10 +68,10 @@ func (a *Agent) runNative(ctx context.Context) error {
 		w.lost(silent, wc.lastSign(up))
 		if silent {
 			// The relay stopped answering: go to the next relay at once.
-			a.setState("disconnected", "relay", c.url.Redacted(), "err", "the relay stopped answering")
+			a.setState("disconnected", logkey.Relay, c.url.Redacted(), logkey.Err, "the relay stopped answering")
 			continue
 		}
-		a.setState("disconnected", "relay", c.url.Redacted(), "err", "tunnel closed")
+		a.setState("disconnected", logkey.Relay, c.url.Redacted(), logkey.Err, "tunnel closed")
 		if !sleep(ctx, bo.Next(time.Now())) {
 			return nil
 		}
@@ -150,7 +151,7 @@ func (a *Agent) nativeHandler() http.Handler {
 			if r.Context().Err() != nil {
 				return // the user went away
 			}
-			a.cfg.Logger.Warn("backend request failed", "device", a.cfg.Device, "err", err)
+			a.cfg.Logger.Warn("backend request failed", logkey.Device, a.cfg.Device, logkey.Err, err)
 			http.Error(w, "Backend request failed: "+err.Error(), http.StatusBadGateway)
 		},
 	}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -83,7 +84,7 @@ func (s *responder) post(ctx context.Context, m *wire.Response) error {
 
 // fail answers the request with an error of the agent's own.
 func (s *responder) fail(ctx context.Context, status int, msg string) {
-	s.a.cfg.Logger.Warn("request failed", "device", s.a.cfg.Device, "request_id", s.id, "err", msg)
+	s.a.cfg.Logger.Warn("request failed", logkey.Device, s.a.cfg.Device, logkey.RequestID, s.id, logkey.Err, msg)
 	s.post(ctx, &wire.Response{
 		HasStatus:         true,
 		StatusCode:        int32(status),
@@ -235,7 +236,7 @@ func (s *responder) finish(ctx context.Context, m *wire.Response, resp *http.Res
 		if ctx.Err() != nil {
 			return // we were cancelled: nobody wants the end
 		}
-		s.a.cfg.Logger.Warn("backend response broke off", "device", s.a.cfg.Device, "request_id", s.id, "err", readErr)
+		s.a.cfg.Logger.Warn("backend response broke off", logkey.Device, s.a.cfg.Device, logkey.RequestID, s.id, logkey.Err, readErr)
 		m.Trailer = append(m.Trailer, wire.Header{Name: wire.AbortTrailer, Value: "backend response broke off: " + readErr.Error()})
 	}
 	s.post(ctx, m)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/backoff"
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
@@ -54,7 +55,7 @@ func (s *Store) withdrawLoop() {
 			left := s.toDelete
 			s.mu.Unlock()
 			if len(left) > 0 {
-				s.log.Warn("closing with tokens whose creation failed still to be deleted in NATS; nobody knows their secrets, but revoke them to tidy the list", "token_ids", left)
+				s.log.Warn("closing with tokens whose creation failed still to be deleted in NATS; nobody knows their secrets, but revoke them to tidy the list", logkey.TokenIDs, left)
 			}
 			return
 		case <-s.deleteNow:

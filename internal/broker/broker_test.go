@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/config"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -1256,8 +1257,9 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 	bad.PickupTimeout = 2 * bad.InactiveRequestTimeout
 	bad.BlockSize = -1
 	_, err := broker.New(bad)
-	if err == nil || !strings.Contains(err.Error(), "pickup timeout") || !strings.Contains(err.Error(), "block size") {
-		t.Fatalf("New with bad config: %v, want both problems named", err)
+	fields := config.Fields(err)
+	if len(fields) != 2 || fields[0].Field != "BlockSize" || fields[1].Field != "PickupTimeout" || fields[0].Component != "broker" {
+		t.Fatalf("New with bad config: %v, want both problems named by their fields", err)
 	}
 }
 

@@ -8,6 +8,23 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/config"
+)
+
+// Defaults of Config, taken by Complete, the command line's flags and the
+// docs alike.
+const (
+	DefaultPollWait               = 30 * time.Second
+	DefaultNoAgentGrace           = 2 * time.Second
+	DefaultPickupTimeout          = 10 * time.Second
+	DefaultInactiveRequestTimeout = 60 * time.Second
+	DefaultInactiveBackendTimeout = 30 * time.Minute
+	DefaultRequestStreamWait      = 30 * time.Second
+	DefaultAgentGoneGrace         = time.Second
+	DefaultMaxPendingPerDevice    = 64
+	DefaultMaxBodyBytes           = 64 << 20
+	DefaultBlockSize              = 10240
 )
 
 // Config sets the broker's timeouts and limits. The zero value of every field
@@ -65,47 +82,53 @@ type Config struct {
 
 // Complete fills in defaults for zero fields.
 func (c *Config) Complete() {
-	setDefault(&c.PollWait, 30*time.Second)
-	setDefault(&c.NoAgentGrace, 2*time.Second)
-	setDefault(&c.PickupTimeout, 10*time.Second)
-	setDefault(&c.InactiveRequestTimeout, 60*time.Second)
-	setDefault(&c.InactiveBackendTimeout, 30*time.Minute)
-	setDefault(&c.RequestStreamWait, 30*time.Second)
-	setDefault(&c.AgentGoneGrace, time.Second)
-	setDefault(&c.MaxPendingPerDevice, 64)
-	setDefault(&c.MaxBodyBytes, 64<<20)
-	setDefault(&c.BlockSize, 10240)
+	setDefault(&c.PollWait, DefaultPollWait)
+	setDefault(&c.NoAgentGrace, DefaultNoAgentGrace)
+	setDefault(&c.PickupTimeout, DefaultPickupTimeout)
+	setDefault(&c.InactiveRequestTimeout, DefaultInactiveRequestTimeout)
+	setDefault(&c.InactiveBackendTimeout, DefaultInactiveBackendTimeout)
+	setDefault(&c.RequestStreamWait, DefaultRequestStreamWait)
+	setDefault(&c.AgentGoneGrace, DefaultAgentGoneGrace)
+	setDefault(&c.MaxPendingPerDevice, DefaultMaxPendingPerDevice)
+	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.BlockSize, DefaultBlockSize)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
 
-// Validate rejects settings that cannot work.
+// Validate rejects settings that cannot work. Its errors are
+// *config.FieldError, in the words of this Config's fields.
 func (c *Config) Validate() error {
 	if len(c.IDPrefix) != 0 && len(c.IDPrefix) != 8 || strings.Trim(c.IDPrefix, "0123456789abcdef") != "" {
-		return fmt.Errorf("broker: IDPrefix %q must be 8 lowercase hex digits or empty", c.IDPrefix)
+		return config.Invalidf(component, "IDPrefix", "%q must be 8 lowercase hex digits or empty", c.IDPrefix)
 	}
 	var errs []error
-	positive := func(name string, ok bool) {
+	positive := func(field string, ok bool) {
 		if !ok {
-			errs = append(errs, fmt.Errorf("%s must be positive", name))
+			errs = append(errs, config.Invalidf(component, field, "must be positive"))
 		}
 	}
-	positive("poll wait", c.PollWait > 0)
-	positive("no-agent grace", c.NoAgentGrace > 0)
-	positive("pickup timeout", c.PickupTimeout > 0)
-	positive("inactive request timeout", c.InactiveRequestTimeout > 0)
-	positive("inactive backend timeout", c.InactiveBackendTimeout > 0)
-	positive("request stream wait", c.RequestStreamWait > 0)
-	positive("agent gone grace", c.AgentGoneGrace > 0)
-	positive("max pending requests per device", c.MaxPendingPerDevice > 0)
-	positive("max body bytes", c.MaxBodyBytes > 0)
-	positive("block size", c.BlockSize > 0)
+	positive("PollWait", c.PollWait > 0)
+	positive("NoAgentGrace", c.NoAgentGrace > 0)
+	positive("PickupTimeout", c.PickupTimeout > 0)
+	positive("InactiveRequestTimeout", c.InactiveRequestTimeout > 0)
+	positive("InactiveBackendTimeout", c.InactiveBackendTimeout > 0)
+	positive("RequestStreamWait", c.RequestStreamWait > 0)
+	positive("AgentGoneGrace", c.AgentGoneGrace > 0)
+	positive("MaxPendingPerDevice", c.MaxPendingPerDevice > 0)
+	positive("MaxBodyBytes", c.MaxBodyBytes > 0)
+	positive("BlockSize", c.BlockSize > 0)
 	if c.InactiveRequestTimeout > 0 && c.PickupTimeout > c.InactiveRequestTimeout {
-		errs = append(errs, fmt.Errorf("pickup timeout (%v) must not exceed the inactive request timeout (%v)", c.PickupTimeout, c.InactiveRequestTimeout))
+		errs = append(errs, config.Invalid(component, "PickupTimeout", func(name func(string) string) string {
+			return fmt.Sprintf("(%v) must not exceed %s (%v)", c.PickupTimeout, name("InactiveRequestTimeout"), c.InactiveRequestTimeout)
+		}))
 	}
 	return errors.Join(errs...)
 }
+
+// component names the broker in its configuration errors.
+const component = "broker"
 
 func setDefault[T comparable](v *T, def T) {
 	var zero T

@@ -5,25 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 )
 
-// Error is a failure a user or agent should see as an HTTP status.
-type Error struct {
-	Status     int           // the HTTP status to answer with
-	Message    string        // a sentence a person can act on
-	RetryAfter time.Duration // when > 0, sent as Retry-After
-	Err        error         // the cause, if any; matched by errors.Is
-	pickup     bool          // queued, but no agent took it: matches ErrPickup
-}
-
-// Is makes a pickup failure match ErrPickup as well as ErrNoAgent.
-func (e *Error) Is(target error) bool { return target == ErrPickup && e.pickup }
-
-func (e *Error) Error() string { return e.Message }
-func (e *Error) Unwrap() error { return e.Err }
-
-// HTTPStatus returns the status to answer with.
-func (e *Error) HTTPStatus() int { return e.Status }
+// Error is a failure a user or agent should see as an HTTP status: the
+// relay's one status error.
+type Error = httperr.Error
 
 // Agent-facing errors, matched with errors.Is.
 var (
@@ -46,6 +34,9 @@ var (
 	// ErrPickup: the request was queued (its body read) but no agent took
 	// it in time (503); it also matches ErrNoAgent.
 	ErrPickup = errors.New("no agent picked up the request")
+	// errPickup is the cause of a pickup failure: it matches ErrPickup and
+	// ErrNoAgent.
+	errPickup = errors.Join(ErrNoAgent, ErrPickup)
 	// ErrTimeout: the agent did not answer in time (504).
 	ErrTimeout = errors.New("agent did not answer in time")
 )
@@ -66,7 +57,7 @@ func movedError(device string) error {
 }
 
 func pickupError(device string, waited time.Duration) error {
-	return &Error{Status: http.StatusServiceUnavailable, Err: ErrNoAgent, RetryAfter: time.Second, pickup: true,
+	return &Error{Status: http.StatusServiceUnavailable, Err: errPickup, RetryAfter: time.Second,
 		Message: fmt.Sprintf("no agent for device %q picked up the request within %v", device, waited.Round(time.Millisecond))}
 }
 
@@ -79,6 +70,3 @@ func timeoutError(device string, d time.Duration, what string) error {
 	return &Error{Status: http.StatusGatewayTimeout, Err: ErrTimeout,
 		Message: fmt.Sprintf("the agent for device %q sent no %s within %v", device, what, d)}
 }
-
-// RetryAfterDelay returns when the client may retry, or 0.
-func (e *Error) RetryAfterDelay() time.Duration { return e.RetryAfter }

@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
@@ -42,18 +41,18 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&f.token, "token", "", "the agent `token` (prefer --token-file or SWITCHBOARD_TOKEN: flags show in ps)")
-	fs.StringVar(&f.protocol, "protocol", agent.ProtocolNative, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
+	fs.StringVar(&f.protocol, "protocol", agent.DefaultProtocol, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
 	fs.BoolVar(&f.websocket, "websocket", false, "carry the native tunnel in a WebSocket (for paths that pass only websockets)")
 	fs.StringVar(&f.prefix, "relay-prefix", "", "`path` put before the agent endpoints, for an ingress that routes by prefix")
 	fs.StringVar(&f.rootCA, "ca-file", "", "PEM `file` of the CAs that sign the relays' certificates (https:// relays); empty = the system roots")
 	fs.StringVar(&f.rootCA, "root-ca-file", "", "another name of --ca-file")
 	fs.BoolVar(&f.preserveHost, "preserve-host", true, "send the user's Host header to the backend")
-	fs.IntVar(&f.maxChunk, "max-chunk-size", 1<<20, "most response `bytes` posted per chunk")
-	fs.IntVar(&f.blockSize, "block-size", 64<<10, "read size from the backend in `bytes`")
-	fs.IntVar(&f.pending, "num-pending-requests", 1, "concurrent polls")
+	fs.IntVar(&f.maxChunk, "max-chunk-size", agent.DefaultMaxChunkSize, "most response `bytes` posted per chunk")
+	fs.IntVar(&f.blockSize, "block-size", agent.DefaultBlockSize, "read size from the backend in `bytes`")
+	fs.IntVar(&f.pending, "num-pending-requests", agent.DefaultNumPendingRequests, "concurrent polls")
 	fs.BoolVar(&f.disableHTTP2, "disable-http2", false, "never use HTTP/2 to the backend")
-	fs.DurationVar(&f.liveness.Interval, "ping-interval", 400*time.Millisecond, "native tunnel: ping the relay after this `long` without hearing from it")
-	fs.DurationVar(&f.liveness.Timeout, "ping-timeout", 800*time.Millisecond, "native tunnel: give the relay up when a ping gets no answer this `long`")
+	fs.DurationVar(&f.liveness.Interval, "ping-interval", tunnel.DefaultPingInterval, "native tunnel: ping the relay after this `long` without hearing from it")
+	fs.DurationVar(&f.liveness.Timeout, "ping-timeout", tunnel.DefaultPingTimeout, "native tunnel: give the relay up when a ping gets no answer this `long`")
 
 	// The reference agent's flag names.
 	fs.StringVar(&f.relayScheme, "relay_scheme", "https", "reference name: scheme of --relay_address")
@@ -66,9 +65,9 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.preserveHost, "preserve_host", true, "reference name of --preserve-host")
 	fs.StringVar(&f.tokenFile, "authentication_token_file", "", "reference name of --token-file")
 	fs.StringVar(&f.rootCA, "root_ca_file", "", "reference name of --ca-file")
-	fs.IntVar(&f.maxChunk, "max_chunk_size", 1<<20, "reference name of --max-chunk-size")
-	fs.IntVar(&f.blockSize, "block_size", 64<<10, "reference name of --block-size")
-	fs.IntVar(&f.pending, "num_pending_requests", 1, "reference name of --num-pending-requests")
+	fs.IntVar(&f.maxChunk, "max_chunk_size", agent.DefaultMaxChunkSize, "reference name of --max-chunk-size")
+	fs.IntVar(&f.blockSize, "block_size", agent.DefaultBlockSize, "reference name of --block-size")
+	fs.IntVar(&f.pending, "num_pending_requests", agent.DefaultNumPendingRequests, "reference name of --num-pending-requests")
 	fs.BoolVar(&f.disableHTTP2, "disable_http2", false, "reference name of --disable-http2")
 	fs.BoolVar(&f.forceHTTP2, "force_http2", false, "reference name: HTTP/2 cleartext to the backend (as --backend-h2c)")
 }
@@ -163,7 +162,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
-		return &UsageError{Err: err}
+		return &UsageError{Err: withFlagNames(err)}
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

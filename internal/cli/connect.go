@@ -19,6 +19,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/connect"
 	"github.com/switchboard-relay/switchboard/internal/splice"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // connectFlags are the flags of 'switchboard connect'.
@@ -158,16 +160,16 @@ func connectListen(ctx context.Context, client *connect.Client, target connect.T
 			defer c.Close()
 			conn, err := client.Dial(ctx, target)
 			if err != nil {
-				log.Warn("connection failed", "target", target.String(), "source", c.RemoteAddr().String(), "err", err)
+				log.Warn("connection failed", logkey.Target, target.String(), logkey.Source, c.RemoteAddr().String(), logkey.Err, err)
 				return
 			}
-			log.Info("connected", "target", target.String(), "source", c.RemoteAddr().String())
+			log.Info("connected", logkey.Target, target.String(), logkey.Source, c.RemoteAddr().String())
 			res := splice.Join(c, conn)
 			if res.Err != nil {
-				log.Warn("disconnected", "target", target.String(), "source", c.RemoteAddr().String(), "err", res.Err)
+				log.Warn("disconnected", logkey.Target, target.String(), logkey.Source, c.RemoteAddr().String(), logkey.Err, res.Err)
 				return
 			}
-			log.Info("disconnected", "target", target.String(), "source", c.RemoteAddr().String(), "bytes_out", res.AToB, "bytes_in", res.BToA)
+			log.Info("disconnected", logkey.Target, target.String(), logkey.Source, c.RemoteAddr().String(), logkey.BytesOut, res.AToB, logkey.BytesIn, res.BToA)
 		})
 	}
 }

@@ -18,13 +18,14 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/control"
+	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
 )
 
-// Defaults of the ctl global flags.
+// Defaults of the ctl global flags: those of a relay started with none.
 const (
-	defaultAdminURL  = "http://127.0.0.1:9090"
-	defaultTokenFile = "./switchboard-data/admin.token"
+	defaultAdminURL  = "http://" + node.DefaultAdminListen
+	defaultTokenFile = node.DefaultDataDir + "/" + node.AdminTokenFileName
 	ctlTimeout       = 30 * time.Second // bounds each call, as control.Client's default
 )
 

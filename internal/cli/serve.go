@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/topic"
@@ -22,14 +22,14 @@ import (
 
 // serveFlags binds the flags of 'switchboard serve' to a node.Config.
 func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, nats *string) {
-	fs.StringVar(&cfg.Listen, "listen", ":8080", "public `address` for users and agents (HTTP/1.1 and h2c; with --tls-cert HTTPS)")
-	fs.StringVar(&cfg.AdminListen, "admin-listen", "127.0.0.1:9090", "`address` of the operator API, admin page, /metrics, /healthz and /readyz")
+	fs.StringVar(&cfg.Listen, "listen", node.DefaultListen, "public `address` for users and agents (HTTP/1.1 and h2c; with --tls-cert HTTPS)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", node.DefaultAdminListen, "`address` of the operator API, admin page, /metrics, /healthz and /readyz")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate `file` (with its chain): the public listener serves HTTPS (HTTP/1.1 and HTTP/2); reloaded when replaced")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.StringVar(&cfg.AdminTLSCertFile, "admin-tls-cert", "", "PEM certificate `file`: the admin listener serves HTTPS; reloaded when replaced")
 	fs.StringVar(&cfg.AdminTLSKeyFile, "admin-tls-key", "", "PEM private key `file` of --admin-tls-cert")
 	fs.StringVar(&cfg.PeerCAFile, "peer-ca-file", "", "PEM `file` of the CAs that sign the other relays' certificates (https:// peers); empty = the system roots")
-	fs.StringVar(&cfg.DataDir, "data", "./switchboard-data", "data `dir`: embedded NATS store and admin token")
+	fs.StringVar(&cfg.DataDir, "data", node.DefaultDataDir, "data `dir`: embedded NATS store and admin token")
 	fs.StringVar(&cfg.RelayName, "relay-name", "", "a `name` that stays with this relay across restarts (e.g. NAMESPACE/POD of a StatefulSet): the relay id is derived from it instead of kept in --data")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "`file` holding the admin token (sbx_…), e.g. a mounted secret; written on first start when missing. Default <data>/admin.token")
 	nats = fs.String("nats", "", "NATS `URLs`, comma-separated; empty starts an embedded NATS server")
@@ -39,7 +39,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.StringVar(&cfg.NATSCredentials.TokenFile, "nats-token-file", "", "`file` holding a NATS authorization token")
 	fs.StringVar(&cfg.NATSCredentials.NkeySeedFile, "nats-nkey-file", "", "`file` holding a NATS nkey user seed (SU…, from 'nk -gen user')")
 	fs.StringVar(&cfg.NATSCredentials.CredsFile, "nats-creds", "", "NATS .creds `file` (user JWT and seed) for an operator-mode NATS; external NATS only")
-	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", 1, "copies an external NATS cluster keeps of each bucket and stream (`n`): 3 on a three-node cluster; 1 for the embedded server")
+	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", node.DefaultNATSReplicas, "copies an external NATS cluster keeps of each bucket and stream (`n`): 3 on a three-node cluster; 1 for the embedded server")
 	fs.StringVar(&cfg.NATSCAFile, "nats-ca-file", "", "PEM `file` of the CAs that sign the external NATS servers' certificates (tls:// URLs)")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "the `URL` other relays and agents use to reach this one; empty derives it from --listen")
 	fs.StringVar(&cfg.Region, "region", "", "region `label` used by fleet ranking")
@@ -53,30 +53,30 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.DurationVar(&cfg.Watchdog.Timeout, "probe-timeout", watchdog.DefaultTimeout, "how `long` one probe may take before it counts as missed")
 	fs.IntVar(&cfg.Watchdog.Misses, "probe-misses", watchdog.DefaultMisses, "missed probes in a `row` that veto a relay")
 	fs.DurationVar(&cfg.Watchdog.VetoTTL, "veto-ttl", watchdog.DefaultVetoTTL, "how `long` a veto lasts unless a probe that answers clears it first")
-	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", time.Second, "on SIGTERM, keep the public listener open at least this `long` after /readyz turns false, for load balancers to notice")
-	fs.DurationVar(&cfg.DrainSpread, "drain-spread", 5*time.Second, "a drained relay asks its native agents to move over this `window`")
+	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", node.DefaultShutdownDelay, "on SIGTERM, keep the public listener open at least this `long` after /readyz turns false, for load balancers to notice")
+	fs.DurationVar(&cfg.DrainSpread, "drain-spread", node.DefaultDrainSpread, "a drained relay asks its native agents to move over this `window`")
 	fs.DurationVar(&cfg.Fleet.LeaseTTL, "lease-ttl", fleet.DefaultLeaseTTL, "length of the housekeeping lease: another relay takes over at most this `long` plus a third after its holder dies")
 	fs.StringVar(&cfg.FleetSecret.File, "fleet-secret-file", "", "run the fleet secret in this `file` (first line signs, further lines accepted; base64 or hex) instead of the fleet's stored one; re-read when it changes. Every relay must agree: see docs/fleet-secret.md")
 	port = fs.Int("port", 0, "alias of --listen :`PORT` (compatibility with the reference relay)")
-	fs.IntVar(&cfg.Broker.BlockSize, "block_size", 10240, "most user `bytes` handed to a long-poll agent per requeststream call")
-	fs.DurationVar(&cfg.Broker.InactiveRequestTimeout, "inactive_request_timeout", 60*time.Second, "504 when a long-poll agent sends nothing for this `long`")
-	fs.DurationVar(&cfg.Broker.InactiveBackendTimeout, "inactive_backend_timeout", 30*time.Minute, "forget a device whose agent has not polled for this `long`")
-	fs.DurationVar(&cfg.Broker.NoAgentGrace, "no-agent-grace", 2*time.Second, "how `long` a request for a device with no agent connected waits for one")
-	fs.DurationVar(&cfg.Broker.PickupTimeout, "pickup-timeout", 10*time.Second, "how `long` a request waits for a connected but busy long-poll agent")
-	fs.IntVar(&cfg.Broker.MaxPendingPerDevice, "max-pending-per-device", 64, "user `requests` that may wait for one device's agent; more get 503")
-	fs.Int64Var(&cfg.Broker.MaxBodyBytes, "max-request-body", 64<<20, "largest user request body in `bytes` for long-poll agents; larger gets 413")
-	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block in `bytes`")
-	fs.DurationVar(&cfg.IdleStreamTimeout, "idle-stream-timeout", 60*time.Second, "cut a request when no byte moved either way for this `long` while the relay waited on the client (408 for a stalled body); negative = never")
-	fs.IntVar(&cfg.MaxStreamsPerAgent, "max-streams-per-agent", tunnel.DefaultMaxStreams, "most `requests` in flight to one native agent; beyond, users get 503 with Retry-After")
+	fs.IntVar(&cfg.Broker.BlockSize, "block_size", broker.DefaultBlockSize, "most user `bytes` handed to a long-poll agent per requeststream call")
+	fs.DurationVar(&cfg.Broker.InactiveRequestTimeout, "inactive_request_timeout", broker.DefaultInactiveRequestTimeout, "504 when a long-poll agent sends nothing for this `long`")
+	fs.DurationVar(&cfg.Broker.InactiveBackendTimeout, "inactive_backend_timeout", broker.DefaultInactiveBackendTimeout, "forget a device whose agent has not polled for this `long`")
+	fs.DurationVar(&cfg.Broker.NoAgentGrace, "no-agent-grace", broker.DefaultNoAgentGrace, "how `long` a request for a device with no agent connected waits for one")
+	fs.DurationVar(&cfg.Broker.PickupTimeout, "pickup-timeout", broker.DefaultPickupTimeout, "how `long` a request waits for a connected but busy long-poll agent")
+	fs.IntVar(&cfg.Broker.MaxPendingPerDevice, "max-pending-per-device", broker.DefaultMaxPendingPerDevice, "user `requests` that may wait for one device's agent; more get 503")
+	fs.Int64Var(&cfg.Broker.MaxBodyBytes, "max-request-body", broker.DefaultMaxBodyBytes, "largest user request body in `bytes` for long-poll agents; larger gets 413")
+	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", node.DefaultMaxHeaderBytes, "largest request header block in `bytes`")
+	fs.DurationVar(&cfg.IdleStreamTimeout, "idle-stream-timeout", node.DefaultIdleStreamTimeout, "cut a request when no byte moved either way for this `long` while the relay waited on the client (408 for a stalled body); negative = never")
+	fs.IntVar(&cfg.MaxStreamsPerAgent, "max-streams-per-agent", node.DefaultMaxStreamsPerAgent, "most `requests` in flight to one native agent; beyond, users get 503 with Retry-After")
 	fs.IntVar(&cfg.Topics.QueueMessages, "topic-queue-messages", topic.DefaultQueueMessages, "topics: `messages` one reader may have waiting; beyond, it loses the oldest, whole")
 	fs.IntVar(&cfg.Topics.QueueBytes, "topic-queue-bytes", topic.DefaultQueueBytes, "topics: `bytes` of messages one reader may have waiting; beyond, it loses the oldest, whole")
 	fs.DurationVar(&cfg.Topics.MaxLag, "topic-max-lag", topic.DefaultMaxLag, "topics: cut a reader whose oldest waiting message is this `duration` old, or that took as long to take one; negative = never")
 	fs.IntVar(&cfg.Topics.MaxMessageBytes, "topic-max-message-bytes", topic.DefaultMaxMessageBytes, "topics: largest message in `bytes` a writer may send; larger ends its connection (1009)")
 	fs.IntVar(&cfg.Topics.Backlog, "topic-backlog", 0, "topics: a new reader first gets this many of the topic's last `messages` (at most the queue's length)")
-	fs.DurationVar(&cfg.Liveness.Interval, "tunnel-ping-interval", 400*time.Millisecond, "native tunnels: `interval` of the agents' pings; the relay pings after twice this silence")
-	fs.DurationVar(&cfg.Liveness.Timeout, "tunnel-ping-timeout", 800*time.Millisecond, "native tunnels: the relay gives a silent agent up after half this `long` past its own ping")
-	fs.DurationVar(&cfg.SessionTTL, "session-ttl", 8*time.Hour, "how `long` the browser session an access code opens lasts (revoking the token ends it sooner)")
-	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 25*time.Second, "how `long` a graceful shutdown lets requests and streams finish")
+	fs.DurationVar(&cfg.Liveness.Interval, "tunnel-ping-interval", tunnel.DefaultPingInterval, "native tunnels: `interval` of the agents' pings; the relay pings after twice this silence")
+	fs.DurationVar(&cfg.Liveness.Timeout, "tunnel-ping-timeout", tunnel.DefaultPingTimeout, "native tunnels: the relay gives a silent agent up after half this `long` past its own ping")
+	fs.DurationVar(&cfg.SessionTTL, "session-ttl", node.DefaultSessionTTL, "how `long` the browser session an access code opens lasts (revoking the token ends it sooner)")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", node.DefaultDrainTimeout, "how `long` a graceful shutdown lets requests and streams finish")
 	fs.BoolVar(&cfg.AllowAnonymousUsers, "allow-anonymous-users", false, "users need no token (local demos, or an authenticating proxy in front)")
 	fs.BoolVar(&cfg.AllowAnonymousAgents, "allow-anonymous-agents", false, "agents need no token (reference agents behind an authenticating ingress)")
 	logf.register(fs)
@@ -112,7 +112,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
-		return err
+		return withFlagNames(err)
 	}
 	fmt.Fprintf(stdout, "switchboard relay listening on %s (admin %s)\nadmin token: %s\n", n.Addr(), n.AdminAddr(), n.AdminTokenPath())
 	select {

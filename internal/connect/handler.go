@@ -13,6 +13,8 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/splice"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Opener opens a connection to a device's service, wherever the fleet
@@ -109,7 +111,7 @@ func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow) {
 		conn, err = h.Open.Open(ctx, target)
 	}
 	if err != nil {
-		h.logger().Info("connection refused", "target", string(st.Meta()), "err", err)
+		h.logger().Info("connection refused", logkey.Target, string(st.Meta()), logkey.Err, err)
 		st.Reset(codeOf(err))
 		return
 	}

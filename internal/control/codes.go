@@ -1,7 +1,6 @@
 package control
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 )
 
 // PathCodes issues access codes.
@@ -61,12 +61,7 @@ func (h *handler) createCode(w http.ResponseWriter, r *http.Request, p auth.Prin
 	}
 	code, exp, err := h.cfg.Codes(p, req.Device, req.Path, time.Duration(req.TTLSeconds)*time.Second)
 	if err != nil {
-		status := http.StatusBadRequest
-		var se interface{ HTTPStatus() int }
-		if errors.As(err, &se) {
-			status = se.HTTPStatus()
-		}
-		writeError(w, status, err.Error())
+		writeError(w, httperr.StatusOf(err, http.StatusBadRequest), err.Error())
 		return
 	}
 	scope := req.Path

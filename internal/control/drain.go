@@ -10,6 +10,7 @@ import (
 	"net/http"
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/ranking"
 )
 
@@ -174,9 +175,9 @@ func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes)}
+		return httperr.New(http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes))
 	case err != nil:
-		return &httpError{http.StatusBadRequest, "reading the request body: " + err.Error()}
+		return httperr.New(http.StatusBadRequest, "reading the request body: "+err.Error())
 	case len(bytes.TrimSpace(body)) == 0:
 		return nil
 	}
@@ -187,7 +188,7 @@ func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, v any) error {
 		err = errors.New("data after the JSON object")
 	}
 	if err != nil {
-		return &httpError{http.StatusBadRequest, "malformed JSON request body: " + err.Error()}
+		return httperr.New(http.StatusBadRequest, "malformed JSON request body: "+err.Error())
 	}
 	return nil
 }

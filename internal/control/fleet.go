@@ -10,6 +10,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
@@ -281,13 +282,17 @@ func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, statusFrom(h.cfg.Fleet.Status(), h.cfg.Secret))
 }
 
-func writeFleetError(w http.ResponseWriter, err error) {
+func writeFleetError(w http.ResponseWriter, err error) { writeErr(w, fleetError(err)) }
+
+// fleetError gives a failure of the fleet state its status.
+func fleetError(err error) error {
 	switch {
 	case errors.Is(err, fleet.ErrNotFound):
-		writeError(w, http.StatusNotFound, err.Error()+"; list them with 'switchboard ctl relays list' or 'ctl devices list'")
+		return &httperr.Error{Status: http.StatusNotFound, Err: err,
+			Message: err.Error() + "; list them with 'switchboard ctl relays list' or 'ctl devices list'"}
 	case store.Unavailable(err), errors.Is(err, fleet.ErrConflict):
-		writeError(w, http.StatusServiceUnavailable, "the fleet state in NATS did not answer (NATS unreachable, or a cluster electing a leader or without its quorum); a change asked for may not have been made: check with 'switchboard ctl relays list' or 'ctl devices list', and try again: "+err.Error())
-	default:
-		writeError(w, http.StatusInternalServerError, err.Error())
+		return &httperr.Error{Status: http.StatusServiceUnavailable, Err: err,
+			Message: "the fleet state in NATS did not answer (NATS unreachable, or a cluster electing a leader or without its quorum); a change asked for may not have been made: check with 'switchboard ctl relays list' or 'ctl devices list', and try again: " + err.Error()}
 	}
+	return &httperr.Error{Status: http.StatusInternalServerError, Err: err, Message: err.Error()}
 }

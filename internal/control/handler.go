@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/topic"
 )
@@ -280,14 +281,6 @@ func (h *handler) revokeToken(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// httpError is a failure that has its HTTP status.
-type httpError struct {
-	status int
-	msg    string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
 // decodeJSON reads one JSON object of at most MaxBodyBytes into v, rejecting
 // unknown fields and trailing data.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
@@ -302,21 +295,18 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &tooLarge):
-		return &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes)}
+		return httperr.New(http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes))
 	case errors.Is(err, io.EOF):
-		return &httpError{http.StatusBadRequest, `empty request body: send a JSON object such as {"kind":"agent","devices":["robot-1"]}`}
+		return httperr.New(http.StatusBadRequest, `empty request body: send a JSON object such as {"kind":"agent","devices":["robot-1"]}`)
 	default:
-		return &httpError{http.StatusBadRequest, "malformed JSON request body: " + err.Error()}
+		return httperr.New(http.StatusBadRequest, "malformed JSON request body: "+err.Error())
 	}
 }
 
+// writeErr answers err in the operator API's JSON: the status and message
+// of the httperr.StatusError in its chain, or 500 and err's own.
 func writeErr(w http.ResponseWriter, err error) {
-	var he *httpError
-	if errors.As(err, &he) {
-		writeError(w, he.status, he.msg)
-		return
-	}
-	writeError(w, http.StatusInternalServerError, err.Error())
+	writeError(w, httperr.StatusOf(err, http.StatusInternalServerError), httperr.MessageOf(err))
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

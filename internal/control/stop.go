@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // PathStop stops the relay that answers, as SIGTERM would: it drains (its
@@ -25,7 +27,7 @@ func (h *handler) stop(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "this relay cannot be stopped through its operator API; send it SIGTERM")
 		return
 	}
-	h.log.Info("stop asked for through the operator API", "remote", r.RemoteAddr)
+	h.log.Info("stop asked for through the operator API", logkey.Remote, r.RemoteAddr)
 	h.cfg.Stop()
 	writeJSON(w, http.StatusAccepted, StopAnswer{Stopping: true})
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // SubjectCancel carries requests to drop a device's sessions; every relay
@@ -38,7 +40,7 @@ func (m *Member) subscribeCancels() (*nats.Subscription, error) {
 	return m.st.Conn().Subscribe(SubjectCancel, func(msg *nats.Msg) {
 		var c cancelMsg
 		if err := json.Unmarshal(msg.Data, &c); err != nil || c.Device == "" {
-			m.log.Warn("ignoring a malformed cancel request", "error", err)
+			m.log.Warn("ignoring a malformed cancel request", logkey.Err, err)
 			return
 		}
 		if c.RelayID != "" && c.RelayID != m.cfg.RelayID {
@@ -48,7 +50,7 @@ func (m *Member) subscribeCancels() (*nats.Subscription, error) {
 			m.cfg.OnSendBack(c.Device, c.By)
 			return
 		}
-		m.log.Info("dropping a device's sessions", "device", c.Device, "reason", c.Reason, "by", c.By)
+		m.log.Info("dropping a device's sessions", logkey.Device, c.Device, logkey.Reason, c.Reason, logkey.By, c.By)
 		m.cfg.OnCancel(c.Device, c.Reason, c.Moved)
 	})
 }
@@ -62,7 +64,7 @@ func (m *Member) publishCancel(c cancelMsg) {
 		err = m.st.Conn().Publish(SubjectCancel, data)
 	}
 	if err != nil {
-		m.log.Debug("could not ask a relay to drop a device", "device", c.Device, "relay", c.RelayID, "error", err)
+		m.log.Debug("could not ask a relay to drop a device", logkey.Device, c.Device, logkey.RelayID, c.RelayID, logkey.Err, err)
 	}
 }
 

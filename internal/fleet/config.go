@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/config"
 )
 
 // Defaults of Config.
@@ -160,20 +162,28 @@ func (noSecret) RelaysChanged()                     {}
 func (noSecret) Sweep(context.Context, bool)        {}
 func (noSecret) Resync()                            {}
 
-// Validate rejects a configuration that cannot work.
+// Validate rejects a configuration that cannot work. Its errors are
+// *config.FieldError, in the words of this Config's fields.
 func (c *Config) Validate() error {
 	var errs []error
 	if !ValidRelayID(c.RelayID) {
-		errs = append(errs, fmt.Errorf("relay id %q is not of the form rl-<8 hex>", c.RelayID))
+		errs = append(errs, config.Invalidf(component, "RelayID", "%q is not of the form rl-<8 hex>", c.RelayID))
 	}
 	if c.Local == nil {
-		errs = append(errs, errors.New("fleet: Config.Local is required"))
+		errs = append(errs, config.Invalidf(component, "Local", "is required"))
 	}
 	if c.FreshAfter < c.BeatInterval {
-		errs = append(errs, fmt.Errorf("the fresh window %s is shorter than the beat interval %s: every relay would look stale", c.FreshAfter, c.BeatInterval))
+		errs = append(errs, config.Invalid(component, "FreshAfter", func(name func(string) string) string {
+			return fmt.Sprintf("%s is shorter than %s %s: every relay would look stale", c.FreshAfter, name("BeatInterval"), c.BeatInterval)
+		}))
 	}
 	if c.LostWindow < c.FreshAfter {
-		errs = append(errs, fmt.Errorf("the lost window %s is shorter than the fresh window %s", c.LostWindow, c.FreshAfter))
+		errs = append(errs, config.Invalid(component, "LostWindow", func(name func(string) string) string {
+			return fmt.Sprintf("%s is shorter than %s %s", c.LostWindow, name("FreshAfter"), c.FreshAfter)
+		}))
 	}
 	return errors.Join(errs...)
 }
+
+// component names the fleet member in its configuration errors.
+const component = "fleet"

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Limits of the event log.
@@ -56,7 +58,7 @@ func (l *eventLog) add(e Event) {
 	case l.queue <- e:
 	default:
 		if l.dropped.Add(1) == 1 {
-			l.log.Warn("event queue full; dropping events until NATS takes them again", "type", e.Type)
+			l.log.Warn("event queue full; dropping events until NATS takes them again", logkey.Type, e.Type)
 		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/switchboard-relay/switchboard/internal/secret"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // readFile reads a fleet secret file and returns its secrets, the signing
@@ -80,8 +82,8 @@ func (k *Keeper) openFile() error {
 	}
 	k.loop.fileSum = sum
 	k.warnLoosePermissions(path)
-	k.log.Info("running the fleet secret from a file, not the fleet's stored one", "path", path,
-		"fingerprint", k.ring.Fingerprint(), "accepted", strings.Join(k.ring.Accepted(), ","))
+	k.log.Info("running the fleet secret from a file, not the fleet's stored one", logkey.Path, path,
+		logkey.Fingerprint, k.ring.Fingerprint(), logkey.Accepted, strings.Join(k.ring.Accepted(), ","))
 	return nil
 }
 
@@ -99,21 +101,21 @@ func (k *Keeper) reloadFile() {
 	}
 	if err != nil {
 		if !k.loop.badFile || sum != k.loop.badSum {
-			k.log.Warn("the fleet secret file cannot be used; still running the secret read before", "path", path, "error", err)
+			k.log.Warn("the fleet secret file cannot be used; still running the secret read before", logkey.Path, path, logkey.Err, err)
 		}
 		k.loop.badFile, k.loop.badSum = true, sum
 		return
 	}
 	k.loop.fileSum, k.loop.badFile = sum, false
 	k.warnLoosePermissions(path)
-	k.log.Info("fleet secret file changed: applied", "path", path,
-		"fingerprint", k.ring.Fingerprint(), "accepted", strings.Join(k.ring.Accepted(), ","))
+	k.log.Info("fleet secret file changed: applied", logkey.Path, path,
+		logkey.Fingerprint, k.ring.Fingerprint(), logkey.Accepted, strings.Join(k.ring.Accepted(), ","))
 	k.beatNow()
 }
 
 // warnLoosePermissions warns when others than the owner may read path.
 func (k *Keeper) warnLoosePermissions(path string) {
 	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
-		k.log.Warn("the fleet secret file is readable by others than its owner; chmod 600 it", "path", path, "mode", fi.Mode().Perm().String())
+		k.log.Warn("the fleet secret file is readable by others than its owner; chmod 600 it", logkey.Path, path, logkey.Mode, fi.Mode().Perm().String())
 	}
 }

@@ -34,6 +34,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/kvmirror"
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // opTimeout bounds one NATS operation of the keeper's loop and of
@@ -143,7 +145,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Keeper, error) {
 	}
 	k := &Keeper{
 		cfg:  cfg,
-		log:  cfg.Logger.With("component", "fleet", "relay_id", cfg.RelayID),
+		log:  cfg.Logger.With(logkey.Component, "fleet", logkey.RelayID, cfg.RelayID),
 		kv:   kv,
 		kick: make(chan struct{}, 1),
 	}

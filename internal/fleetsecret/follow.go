@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // loopState is what the keeper's loop remembers between its looks.
@@ -34,7 +36,7 @@ func (k *Keeper) followRecord(ctx context.Context) {
 	k.loop.restored = false
 	if err := rec.validate(); err != nil {
 		if k.loop.badGen != rec.Generation {
-			k.log.Warn("the stored fleet secret cannot be used; still running the one applied before", "error", err)
+			k.log.Warn("the stored fleet secret cannot be used; still running the one applied before", logkey.Err, err)
 			k.loop.badGen = rec.Generation
 		}
 		return
@@ -52,10 +54,10 @@ func (k *Keeper) applyRecord(rec Record) {
 	}
 	signing, others := rec.keys()
 	if err := k.ring.Set(signing, others...); err != nil {
-		k.log.Warn("the stored fleet secret cannot be used; still running the one applied before", "error", err)
+		k.log.Warn("the stored fleet secret cannot be used; still running the one applied before", logkey.Err, err)
 		return
 	}
-	k.log.Info("fleet secret applied", "fingerprint", fps[0], "accepted", strings.Join(fps, ","), "generation", rec.Generation)
+	k.log.Info("fleet secret applied", logkey.Fingerprint, fps[0], logkey.Accepted, strings.Join(fps, ","), logkey.Generation, rec.Generation)
 	k.beatNow()
 }
 
@@ -75,7 +77,7 @@ func (k *Keeper) restoreRecord(ctx context.Context) {
 		return // another relay put it back, or NATS is away: the next look tells
 	}
 	k.loop.restored = true
-	k.log.Info("the stored fleet secret was gone: stored the one this relay runs again", "fingerprint", k.loop.applied.Signing)
+	k.log.Info("the stored fleet secret was gone: stored the one this relay runs again", logkey.Fingerprint, k.loop.applied.Signing)
 }
 
 // noteRefusals logs, when it changes, which relays report that they do not
@@ -98,7 +100,7 @@ func (k *Keeper) noteRefusals() {
 		return
 	}
 	k.log.Warn("relays do not accept the fleet secret this relay signs with: no request is forwarded to them; see 'switchboard ctl secret status'",
-		"relays", now, "fingerprint", k.ring.Fingerprint())
+		logkey.Relays, now, logkey.Fingerprint, k.ring.Fingerprint())
 }
 
 // beatNow asks the member for a heartbeat, so that the other relays learn

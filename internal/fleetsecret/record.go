@@ -11,6 +11,8 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/secret"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // RecordKey is the key of the Record in fleet.BucketFleet.
@@ -203,7 +205,7 @@ func (k *Keeper) openRecord(ctx context.Context) error {
 	}
 	k.loop.applied = rec
 	if created {
-		k.log.Info("stored the fleet secret", "fingerprint", rec.Signing)
+		k.log.Info("stored the fleet secret", logkey.Fingerprint, rec.Signing)
 	}
 	return nil
 }

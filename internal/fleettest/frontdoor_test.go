@@ -183,7 +183,7 @@ func handshake(t *testing.T, r *Relay, token string) *http.Response {
 	return resp
 }
 
-// forwards reads switchboard_forwards_total{outcome="ok"} from r's metrics.
+// forwards reads switchboard_router_forwards_total{outcome="ok"} from r's metrics.
 func forwards(t *testing.T, r *Relay) float64 {
 	t.Helper()
 	code, body, err := fetch(NewClient(t, false), r.AdminURL+"/metrics")
@@ -191,7 +191,7 @@ func forwards(t *testing.T, r *Relay) float64 {
 		t.Fatalf("/metrics: %d %v", code, err)
 	}
 	for line := range strings.Lines(body) {
-		if v, ok := strings.CutPrefix(line, `switchboard_forwards_total{outcome="ok"} `); ok {
+		if v, ok := strings.CutPrefix(line, `switchboard_router_forwards_total{outcome="ok"} `); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 			if err != nil {
 				t.Fatal(err)
@@ -199,6 +199,6 @@ func forwards(t *testing.T, r *Relay) float64 {
 			return f
 		}
 	}
-	t.Fatal("no switchboard_forwards_total on /metrics")
+	t.Fatal("no switchboard_router_forwards_total on /metrics")
 	return 0
 }

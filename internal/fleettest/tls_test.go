@@ -192,7 +192,7 @@ func forwardsOK(t *testing.T, ca *CA, r *Relay) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^switchboard_forwards_total\{outcome="ok"\} (\d+)$`).FindSubmatch(body)
+	m := regexp.MustCompile(`(?m)^switchboard_router_forwards_total\{outcome="ok"\} (\d+)$`).FindSubmatch(body)
 	if m == nil {
 		return 0
 	}

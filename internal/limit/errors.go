@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 )
 
 // ErrTooManyFailures matches every *RefusedError with errors.Is.
@@ -55,3 +57,8 @@ func (e *RefusedError) WriteHTTP(w http.ResponseWriter) {
 func (e *RefusedError) wait() time.Duration {
 	return max(time.Second, (e.RetryAfter + time.Second - 1).Truncate(time.Second))
 }
+
+var (
+	_ httperr.StatusError     = (*RefusedError)(nil)
+	_ httperr.RetryAfterError = (*RefusedError)(nil)
+)

@@ -16,6 +16,7 @@ import (
 	"strconv"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -231,44 +232,22 @@ func writeAgentError(w http.ResponseWriter, err error, gone int) {
 	}
 }
 
-// statusError is an error that knows its HTTP status.
-type statusError interface {
-	error
-	HTTPStatus() int
-}
-
-// tooLarge reports a posted message beyond the chunk limit.
-type tooLarge struct{ limit int }
-
-func (e *tooLarge) Error() string {
-	return fmt.Sprintf("the posted message exceeds the relay's %d-byte chunk limit; lower the agent's --max_chunk_size", e.limit)
-}
-func (e *tooLarge) HTTPStatus() int { return http.StatusRequestEntityTooLarge }
-
 func readLimited(r io.Reader, limit int) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
 	if err != nil {
-		return nil, &broker.Error{Status: http.StatusBadRequest, Message: "could not read the posted body: " + err.Error(), Err: err}
+		return nil, &httperr.Error{Status: http.StatusBadRequest, Message: "could not read the posted body: " + err.Error(), Err: err}
 	}
 	if len(b) > limit {
-		return nil, &tooLarge{limit: limit}
+		return nil, httperr.New(http.StatusRequestEntityTooLarge,
+			fmt.Sprintf("the posted message exceeds the relay's %d-byte chunk limit; lower the agent's --max_chunk_size", limit))
 	}
 	return b, nil
 }
 
-// writeError answers with err's status, or 500.
+// writeError answers with err's status, or 500. Agents are not sent
+// Retry-After: they poll again on their own schedule.
 func writeError(w http.ResponseWriter, err error) {
-	var se statusError
-	if errors.As(err, &se) {
-		textError(w, se.HTTPStatus(), se.Error())
-		return
-	}
-	textError(w, http.StatusInternalServerError, err.Error())
+	httperr.Text(w, httperr.StatusOf(err, http.StatusInternalServerError), httperr.MessageOf(err))
 }
 
-func textError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	io.WriteString(w, msg+"\n")
-}
+func textError(w http.ResponseWriter, status int, msg string) { httperr.Text(w, status, msg) }

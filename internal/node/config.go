@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/broker"
+	"github.com/switchboard-relay/switchboard/internal/config"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 	"github.com/switchboard-relay/switchboard/internal/limit"
@@ -18,6 +19,29 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
+)
+
+// Defaults of Config, taken by Complete, the command line's flags and the
+// docs alike. The defaults of the components a node is made of are theirs:
+// broker.Default…, fleet.Default…, watchdog.Default…, tunnel.Default….
+const (
+	DefaultListen             = ":8080"
+	DefaultAdminListen        = "127.0.0.1:9090"
+	DefaultDataDir            = store.DefaultDataDir
+	DefaultNATSReplicas       = store.DefaultReplicas
+	DefaultMaxChunkBytes      = 16 << 20
+	DefaultMaxHeaderBytes     = 64 << 10
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultIdleTimeout        = 120 * time.Second
+	DefaultIdleStreamTimeout  = 60 * time.Second
+	DefaultMaxStreamsPerAgent = tunnel.DefaultMaxStreams
+	DefaultDrainTimeout       = 25 * time.Second
+	DefaultShutdownDelay      = time.Second
+	DefaultDrainSpread        = 5 * time.Second
+	DefaultSessionTTL         = 8 * time.Hour
+	// AdminTokenFileName is the admin token's file in DataDir, unless
+	// AdminTokenFile names another.
+	AdminTokenFileName = "admin.token"
 )
 
 // Config configures a relay node. Zero fields take the defaults named on them.
@@ -164,43 +188,46 @@ type Config struct {
 // Complete fills in defaults for zero fields.
 func (c *Config) Complete() {
 	if c.Listen == "" {
-		c.Listen = ":8080"
+		c.Listen = DefaultListen
 	}
 	if c.AdminListen == "" {
-		c.AdminListen = "127.0.0.1:9090"
+		c.AdminListen = DefaultAdminListen
 	}
 	if c.DataDir == "" {
-		c.DataDir = "./switchboard-data"
+		c.DataDir = DefaultDataDir
+	}
+	if c.NATSReplicas == 0 {
+		c.NATSReplicas = DefaultNATSReplicas
 	}
 	if c.MaxChunkBytes <= 0 {
-		c.MaxChunkBytes = 16 << 20
+		c.MaxChunkBytes = DefaultMaxChunkBytes
 	}
 	if c.MaxHeaderBytes <= 0 {
-		c.MaxHeaderBytes = 64 << 10
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	if c.ReadHeaderTimeout <= 0 {
-		c.ReadHeaderTimeout = 10 * time.Second
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
 	}
 	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 120 * time.Second
+		c.IdleTimeout = DefaultIdleTimeout
 	}
 	if c.IdleStreamTimeout == 0 {
-		c.IdleStreamTimeout = 60 * time.Second
+		c.IdleStreamTimeout = DefaultIdleStreamTimeout
 	}
 	if c.MaxStreamsPerAgent == 0 {
-		c.MaxStreamsPerAgent = tunnel.DefaultMaxStreams
+		c.MaxStreamsPerAgent = DefaultMaxStreamsPerAgent
 	}
 	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 25 * time.Second
+		c.DrainTimeout = DefaultDrainTimeout
 	}
 	if c.ShutdownDelay <= 0 {
-		c.ShutdownDelay = time.Second
+		c.ShutdownDelay = DefaultShutdownDelay
 	}
 	if c.DrainSpread <= 0 {
-		c.DrainSpread = 5 * time.Second
+		c.DrainSpread = DefaultDrainSpread
 	}
 	if c.SessionTTL <= 0 {
-		c.SessionTTL = 8 * time.Hour
+		c.SessionTTL = DefaultSessionTTL
 	}
 	if c.Version == "" {
 		c.Version = "dev"
@@ -211,32 +238,38 @@ func (c *Config) Complete() {
 	c.Broker.Complete()
 }
 
-// Validate rejects settings that cannot work, saying how to fix them.
+// Validate rejects settings that cannot work, saying how to fix them. Its
+// errors are *config.FieldError, in the words of this Config's fields (the
+// command line names its flags instead), joined with the broker's.
 func (c *Config) Validate() error {
 	var errs []error
-	for _, l := range []struct{ flag, addr string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
+	for _, l := range []struct{ field, addr string }{{"Listen", c.Listen}, {"AdminListen", c.AdminListen}} {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {
-			errs = append(errs, fmt.Errorf("%s %q is not host:port (e.g. :8080 or 127.0.0.1:9090)", l.flag, l.addr))
+			errs = append(errs, invalidf(l.field, "%q is not host:port (e.g. :8080 or 127.0.0.1:9090)", l.addr))
 		}
 	}
 	if c.Advertise != "" {
 		if u, err := url.Parse(c.Advertise); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("--advertise %q is not an http:// or https:// URL with a host (e.g. https://relay-1.example.com)", c.Advertise))
+			errs = append(errs, invalidf("Advertise", "%q is not an http:// or https:// URL with a host (e.g. https://relay-1.example.com)", c.Advertise))
 		}
 	}
-	errs = append(errs, pairError("--tls-cert", c.TLSCertFile, "--tls-key", c.TLSKeyFile),
-		pairError("--admin-tls-cert", c.AdminTLSCertFile, "--admin-tls-key", c.AdminTLSKeyFile))
+	errs = append(errs, pairError("TLSCertFile", c.TLSCertFile, "TLSKeyFile", c.TLSKeyFile),
+		pairError("AdminTLSCertFile", c.AdminTLSCertFile, "AdminTLSKeyFile", c.AdminTLSKeyFile))
 	if c.Advertise != "" && c.TLSCertFile != "" && strings.HasPrefix(c.Advertise, "http://") {
-		errs = append(errs, fmt.Errorf("--advertise %q is plain http:// but the public listener serves TLS (--tls-cert): advertise an https:// URL", c.Advertise))
+		errs = append(errs, config.Invalid(component, "Advertise", func(name func(string) string) string {
+			return fmt.Sprintf("%q is plain http:// but the public listener serves TLS (%s): advertise an https:// URL", c.Advertise, name("TLSCertFile"))
+		}))
 	}
 	if c.Fleet.MaxForward < 0 {
-		errs = append(errs, fmt.Errorf("--max-forward %d: give a positive number of devices", c.Fleet.MaxForward))
+		errs = append(errs, invalidf("Fleet.MaxForward", "%d: give a positive number of devices", c.Fleet.MaxForward))
 	}
 	if c.MaxStreamsPerAgent < 0 {
-		errs = append(errs, fmt.Errorf("--max-streams-per-agent %d: give a positive number of requests (default %d)", c.MaxStreamsPerAgent, tunnel.DefaultMaxStreams))
+		errs = append(errs, invalidf("MaxStreamsPerAgent", "%d: give a positive number of requests (default %d)", c.MaxStreamsPerAgent, DefaultMaxStreamsPerAgent))
 	}
 	if len(c.NATS) > 0 && c.NATSListen != "" {
-		errs = append(errs, errors.New("--nats-listen applies to the embedded NATS server only; drop it when --nats is set"))
+		errs = append(errs, config.Invalid(component, "NATSListen", func(name func(string) string) string {
+			return "applies to the embedded NATS server only; drop it when " + name("NATS") + " is set"
+		}))
 	}
 	if err := c.Broker.Validate(); err != nil {
 		errs = append(errs, err)
@@ -244,14 +277,25 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// component names the node in its configuration errors.
+const component = "node"
+
+func invalidf(field, format string, args ...any) error {
+	return config.Invalidf(component, field, format, args...)
+}
+
 // pairError says what is missing when only one of a certificate file and
 // its key file is given.
-func pairError(certFlag, cert, keyFlag, key string) error {
+func pairError(certField, cert, keyField, key string) error {
 	switch {
 	case cert != "" && key == "":
-		return fmt.Errorf("%s is set but %s is not: give the certificate's key file too", certFlag, keyFlag)
+		return config.Invalid(component, certField, func(name func(string) string) string {
+			return "is set but " + name(keyField) + " is not: give the certificate's key file too"
+		})
 	case cert == "" && key != "":
-		return fmt.Errorf("%s is set but %s is not: give the certificate file too", keyFlag, certFlag)
+		return config.Invalid(component, keyField, func(name func(string) string) string {
+			return "is set but " + name(certField) + " is not: give the certificate file too"
+		})
 	}
 	return nil
 }
@@ -261,5 +305,5 @@ func (c *Config) AdminTokenPath() string {
 	if c.AdminTokenFile != "" {
 		return c.AdminTokenFile
 	}
-	return filepath.Join(c.DataDir, "admin.token")
+	return filepath.Join(c.DataDir, AdminTokenFileName)
 }

@@ -7,9 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
@@ -87,17 +84,7 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.OnSendBack = n.sentBack
 	fc.OnChange = n.changes.signal
 	fc.OnShouldDrain = n.onShouldDrain
-	moves := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: "switchboard", Name: "failover_seconds",
-		Help:    "Time from an agent losing its relay to its device attaching here (moves onto this relay).",
-		Buckets: []float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1, 1.5, 2, 3, 5, 10},
-	})
-	n.registry.MustRegister(moves)
-	fc.OnMove = func(_, _ string, took time.Duration) {
-		if took > 0 {
-			moves.Observe(took.Seconds())
-		}
-	}
+	fc.OnMove = fleet.NewFailoverMetrics(n.registry).Observe
 	n.healthy.Store(true)
 	if n.member, err = fleet.Open(ctx, n.store, fc); err != nil {
 		return fmt.Errorf("join the fleet state: %w", err)

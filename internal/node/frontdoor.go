@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 )
 
@@ -90,7 +91,7 @@ func (n *Node) askBack(device string) {
 // by. Streams in flight finish first.
 func (n *Node) sentBack(device, by string) {
 	if k := n.tunnels.DrainDevice(device); k > 0 {
-		n.log.Info("agents sent back through the front door", "device", device, "relay", by, "tunnels", k)
+		n.log.Info("agents sent back through the front door", logkey.Device, device, logkey.By, by, logkey.Tunnels, k)
 	}
 }
 

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
@@ -26,12 +24,10 @@ import (
 
 // Event types of routing.
 const (
-	EventRelayVetoed  = "relay.vetoed"
-	EventVetoCleared  = "relay.veto_cleared"
-	routingComponent  = "routing"
-	probePath         = "/healthz"
-	forwardOutcomeOK  = "ok"
-	forwardOutcomeErr = "error"
+	EventRelayVetoed = "relay.vetoed"
+	EventVetoCleared = "relay.veto_cleared"
+	routingComponent = "routing"
+	probePath        = "/healthz"
 )
 
 // openRouting sets up what lets any relay serve any device: the peer
@@ -45,27 +41,11 @@ func (n *Node) openRouting(ctx context.Context) error {
 	if n.signer, err = peer.NewSigner(n.secrets, n.member.ID()); err != nil {
 		return err
 	}
-	failovers := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "switchboard", Name: "veto_seconds",
-		Help:    "Time from a peer's first missed probe (or refused connection: 0) to its veto.",
-		Buckets: []float64{0, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5},
-	}, []string{"cause"})
-	forwards := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "switchboard", Name: "forwards_total",
-		Help: "User requests forwarded one hop to the relay holding their device, by outcome.",
-	}, []string{"outcome"})
-	n.registry.MustRegister(failovers, forwards)
-	// Every series from the start, so that dashboards and alerts see zeros
-	// rather than nothing.
-	failovers.WithLabelValues("probes")
-	failovers.WithLabelValues("data_path")
-	forwards.WithLabelValues(forwardOutcomeOK)
-	forwards.WithLabelValues(forwardOutcomeErr)
-
 	probe := &http.Client{Transport: newProbeTransport(n.peerTLS)}
 	n.probeClient = probe
 	wc := n.cfg.Watchdog
 	wc.Logger = n.log.With("component", routingComponent)
+	wc.Metrics = n.registry
 	wc.Peers = n.watchedPeers
 	wc.Probe = func(ctx context.Context, p watchdog.Peer) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(p.Address, "/")+probePath, nil)
@@ -83,11 +63,10 @@ func (n *Node) openRouting(ctx context.Context) error {
 		return nil
 	}
 	wc.OnVeto = func(id string, after time.Duration, reason error) {
-		cause := "probes"
+		cause := watchdog.CauseProbes
 		if after == 0 {
-			cause = "data_path"
+			cause = watchdog.CauseDataPath
 		}
-		failovers.WithLabelValues(cause).Observe(after.Seconds())
 		n.member.Record(fleet.Event{Type: EventRelayVetoed, RelayID: id, DurationMS: float64(after.Microseconds()) / 1000,
 			Message: fmt.Sprintf("relay %s vetoed by %s (%s): %v", id, n.member.ID(), cause, reason)})
 	}
@@ -110,7 +89,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr.Changes = n.changes
 	fr.Grace = n.cfg.Broker.NoAgentGrace
 	fr.Vetoer = n.watchdog
-	fr.Observer = forwardCounter{forwards}
+	fr.Observer = router.NewForwardMetrics(n.registry)
 	fr.Logger = n.log
 	n.router = fr
 	n.placer = &router.Placer{
@@ -141,7 +120,7 @@ var (
 	_ router.Vetoer          = (*watchdog.Watchdog)(nil)
 	_ router.Changes         = (*changeHub)(nil)
 	_ router.Spender         = codeSpender{}
-	_ router.ForwardObserver = forwardCounter{}
+	_ router.ForwardObserver = (*router.ForwardMetrics)(nil)
 )
 
 // fleetView is this relay's view of where devices are served, in its
@@ -191,17 +170,6 @@ func (s nodeStatus) Stopping() bool { return s.n.stopping.Load() }
 type codeSpender struct{ n *Node }
 
 func (c codeSpender) Spend(t access.Ticket) error { return c.n.spendCode(t) }
-
-// forwardCounter counts forwards by outcome.
-type forwardCounter struct{ forwards *prometheus.CounterVec }
-
-func (c forwardCounter) Forwarded(_ string, err error) {
-	if err != nil {
-		c.forwards.WithLabelValues(forwardOutcomeErr).Inc()
-		return
-	}
-	c.forwards.WithLabelValues(forwardOutcomeOK).Inc()
-}
 
 // probeTransport carries the watchdog's probes over one HTTP/2 connection
 // per peer (h2c for http:// peers, by ALPN for https://). A probe that times

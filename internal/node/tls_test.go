@@ -19,10 +19,10 @@ func TestTLSConfigValidate(t *testing.T) {
 	}{
 		{"public pair", func(c *node.Config) { c.TLSCertFile, c.TLSKeyFile = "c.pem", "k.pem" }, ""},
 		{"admin pair", func(c *node.Config) { c.AdminTLSCertFile, c.AdminTLSKeyFile = "c.pem", "k.pem" }, ""},
-		{"public cert alone", func(c *node.Config) { c.TLSCertFile = "c.pem" }, "--tls-cert is set but --tls-key is not"},
-		{"public key alone", func(c *node.Config) { c.TLSKeyFile = "k.pem" }, "--tls-key is set but --tls-cert is not"},
-		{"admin cert alone", func(c *node.Config) { c.AdminTLSCertFile = "c.pem" }, "--admin-tls-cert is set but --admin-tls-key is not"},
-		{"admin key alone", func(c *node.Config) { c.AdminTLSKeyFile = "k.pem" }, "--admin-tls-key is set but --admin-tls-cert is not"},
+		{"public cert alone", func(c *node.Config) { c.TLSCertFile = "c.pem" }, "node: TLSCertFile is set but TLSKeyFile is not"},
+		{"public key alone", func(c *node.Config) { c.TLSKeyFile = "k.pem" }, "node: TLSKeyFile is set but TLSCertFile is not"},
+		{"admin cert alone", func(c *node.Config) { c.AdminTLSCertFile = "c.pem" }, "node: AdminTLSCertFile is set but AdminTLSKeyFile is not"},
+		{"admin key alone", func(c *node.Config) { c.AdminTLSKeyFile = "k.pem" }, "node: AdminTLSKeyFile is set but AdminTLSCertFile is not"},
 		{"http advertise with TLS", func(c *node.Config) {
 			c.TLSCertFile, c.TLSKeyFile, c.Advertise = "c.pem", "k.pem", "http://relay-1.example.com"
 		}, "advertise an https:// URL"},

@@ -15,6 +15,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/connect"
 	"github.com/switchboard-relay/switchboard/internal/proxyproto"
 	"github.com/switchboard-relay/switchboard/internal/splice"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // DefaultUDPIdle is how long a UDP flow lasts without a datagram either way.
@@ -108,7 +110,7 @@ func (l *Listeners) start(m Mapping) (port, error) {
 		return nil, err
 	}
 	addr := net.JoinHostPort(l.Host, strconv.Itoa(m.Port))
-	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler)).With("component", "ports", "port", m.Port, "network", m.Network, "target", m.Target)
+	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler)).With(logkey.Component, "ports", logkey.Port, m.Port, logkey.Network, m.Network, logkey.Target, m.Target)
 	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, conns: map[net.Conn]struct{}{}}
 	if m.MaxConns > 0 {
 		base.slots = make(chan struct{}, m.MaxConns)
@@ -157,7 +159,7 @@ func (p *portBase) mapping() Mapping { return p.m }
 // admit reports whether a connection from addr may go on, taking a slot.
 func (p *portBase) admit(addr netip.Addr) bool {
 	if !allows(p.prefixes, addr) {
-		p.log.Info("connection refused: source not allowed", "source", addr)
+		p.log.Info("connection refused: source not allowed", logkey.Source, addr)
 		return false
 	}
 	if p.slots == nil {
@@ -167,7 +169,7 @@ func (p *portBase) admit(addr netip.Addr) bool {
 	case p.slots <- struct{}{}:
 		return true
 	default:
-		p.log.Info("connection refused: the port's connection limit is reached", "source", addr, "limit", p.m.MaxConns)
+		p.log.Info("connection refused: the port's connection limit is reached", logkey.Source, addr, logkey.Limit, p.m.MaxConns)
 		return false
 	}
 }
@@ -217,7 +219,7 @@ func (p *tcpPort) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
-				p.log.Warn("accepting stopped", "err", err)
+				p.log.Warn("accepting stopped", logkey.Err, err)
 			}
 			return
 		}
@@ -241,7 +243,7 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 	start := time.Now()
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
-		p.log.Info("connection refused", "source", src, "err", err)
+		p.log.Info("connection refused", logkey.Source, src, logkey.Err, err)
 		return
 	}
 	p.track(dev)
@@ -253,13 +255,13 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 			_, err = dev.Write(hdr)
 		}
 		if err != nil {
-			p.log.Info("connection ended: the PROXY header could not be sent", "source", src, "err", err)
+			p.log.Info("connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
 			dev.Close()
 			return
 		}
 	}
-	p.log.Info("connected", "source", src)
+	p.log.Info("connected", logkey.Source, src)
 	res := splice.Join(c, dev)
-	p.log.Info("disconnected", "source", src, "duration_ms", time.Since(start).Milliseconds(),
-		"bytes_in", res.AToB, "bytes_out", res.BToA)
+	p.log.Info("disconnected", logkey.Source, src, logkey.DurationMS, time.Since(start).Milliseconds(),
+		logkey.BytesIn, res.AToB, logkey.BytesOut, res.BToA)
 }

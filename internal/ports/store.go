@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchboard-relay/switchboard/internal/kvmirror"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Bucket is the NATS key-value bucket of the mappings.
@@ -32,7 +34,7 @@ type Store struct {
 // OpenStore opens the mappings in kv and waits for their first read.
 func OpenStore(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*Store, error) {
 	s := &Store{kv: kv}
-	s.mirror = kvmirror.New(kv, log.With("component", "ports"), kvmirror.Config[Mapping]{OnChange: s.changed})
+	s.mirror = kvmirror.New(kv, log.With(logkey.Component, "ports"), kvmirror.Config[Mapping]{OnChange: s.changed})
 	rctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	s.wg.Go(func() { s.mirror.Run(rctx) })

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/datagram"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // udpPort is a mapped UDP port. Each source address is a flow: one stream
@@ -44,7 +46,7 @@ func (p *udpPort) read() {
 		n, addr, err := p.pc.ReadFrom(buf)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
-				p.log.Warn("reading stopped", "err", err)
+				p.log.Warn("reading stopped", logkey.Err, err)
 			}
 			return
 		}
@@ -89,13 +91,13 @@ func (p *udpPort) serve(f *flow) {
 	}()
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
-		p.log.Info("flow refused", "source", f.src, "err", err)
+		p.log.Info("flow refused", logkey.Source, f.src, logkey.Err, err)
 		return
 	}
 	p.track(dev)
 	defer p.untrack(dev)
 	defer dev.Close()
-	p.log.Info("flow started", "source", f.src)
+	p.log.Info("flow started", logkey.Source, f.src)
 	p.wg.Go(func() { p.answer(f, dev) }) // ends when dev closes
 	w := datagram.NewWriter(dev)
 	timer := time.NewTimer(p.idle)
@@ -111,7 +113,7 @@ func (p *udpPort) serve(f *flow) {
 			idleFor := time.Since(f.last)
 			p.fmu.Unlock()
 			if idleFor >= p.idle {
-				p.log.Info("flow ended: idle", "source", f.src)
+				p.log.Info("flow ended: idle", logkey.Source, f.src)
 				return
 			}
 			timer.Reset(p.idle - idleFor)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 )
 
 // BodyError is a failure to read the user's request body: its framing is
@@ -14,9 +16,8 @@ import (
 type BodyError struct{ Err error }
 
 func (e *BodyError) Error() string {
-	var se statusError
-	if errors.As(e.Err, &se) {
-		return se.Error()
+	if httperr.Has(e.Err) {
+		return httperr.MessageOf(e.Err)
 	}
 	return "the request body could not be read (" + e.Err.Error() + "); check the client's framing (Content-Length, chunked encoding)"
 }
@@ -24,13 +25,7 @@ func (e *BodyError) Error() string {
 func (e *BodyError) Unwrap() error { return e.Err }
 
 // HTTPStatus is 400, or the status of the read's own error.
-func (e *BodyError) HTTPStatus() int {
-	var se statusError
-	if errors.As(e.Err, &se) {
-		return se.HTTPStatus()
-	}
-	return http.StatusBadRequest
-}
+func (e *BodyError) HTTPStatus() int { return httperr.StatusOf(e.Err, http.StatusBadRequest) }
 
 // userBody is a user's request body as the transports read it: its read
 // errors are BodyErrors, so that they are told apart from the device's or
@@ -56,3 +51,5 @@ func closeIfChunked(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 	}
 }
+
+var _ httperr.StatusError = (*BodyError)(nil)

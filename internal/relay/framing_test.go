@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 )
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -75,7 +77,7 @@ func TestBodyErrorsAreTheUsers(t *testing.T) {
 
 func TestBodyErrorKeepsAStalledBodysStatus(t *testing.T) {
 	err := error(&BodyError{Err: &idleError{timeout: time.Second}})
-	var se statusError
+	var se httperr.StatusError
 	if !errors.As(err, &se) || se.HTTPStatus() != http.StatusRequestTimeout || !strings.Contains(se.Error(), "no byte of the request body") {
 		t.Errorf("%v: want the stalled body's 408", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/access"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 )
 
@@ -345,33 +346,13 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	writeError(w, err)
 }
 
-// statusError is an error that knows its HTTP status.
-type statusError interface {
-	error
-	HTTPStatus() int
-}
-
-// retryAfter is implemented by errors that suggest when to come back.
-type retryAfterError interface {
-	RetryAfterDelay() time.Duration
-}
-
+// writeError answers a failed request with the status its error carries,
+// or 502 for a forward that failed without saying why.
 func writeError(w http.ResponseWriter, err error) {
-	var se statusError
-	if !errors.As(err, &se) {
-		textError(w, http.StatusBadGateway, fmt.Sprintf("forwarding failed: %v", err))
-		return
+	if !httperr.Has(err) {
+		err = httperr.New(http.StatusBadGateway, fmt.Sprintf("forwarding failed: %v", err))
 	}
-	var ra retryAfterError
-	if errors.As(err, &ra) && ra.RetryAfterDelay() > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int((ra.RetryAfterDelay()+time.Second-1)/time.Second)))
-	}
-	textError(w, se.HTTPStatus(), se.Error())
+	httperr.Write(w, err)
 }
 
-func textError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	io.WriteString(w, msg+"\n")
-}
+func textError(w http.ResponseWriter, status int, msg string) { httperr.Text(w, status, msg) }

@@ -113,21 +113,34 @@ func (c Credentials) LogValue() slog.Value { return slog.StringValue(c.String())
 // they are for the embedded server.
 func (c Credentials) validate(embedded bool) error {
 	if kinds := c.kinds(); len(kinds) > 1 {
-		return invalidf("NATS credentials of several kinds are given (%s); give one: --nats-user with --nats-password-file, --nats-token-file, --nats-nkey-file or --nats-creds", strings.Join(kinds, ", "))
+		return invalid("Credentials", func(name func(string) string) string {
+			return fmt.Sprintf("are of several kinds (%s); give one: %s with %s, %s, %s or %s", strings.Join(kinds, ", "),
+				name("Credentials.User"), name("Credentials.PasswordFile"), name("Credentials.TokenFile"), name("Credentials.NkeySeedFile"), name("Credentials.CredsFile"))
+		})
 	}
 	switch {
 	case c.Password != "" && c.PasswordFile != "":
-		return invalidf("both a NATS password and a password file (%s) are given; give one", c.PasswordFile)
+		return invalid("Credentials.PasswordFile", func(name func(string) string) string {
+			return fmt.Sprintf("(%s) and %s are both given; give one", c.PasswordFile, name("Credentials.Password"))
+		})
 	case c.Token != "" && c.TokenFile != "":
-		return invalidf("both a NATS token and a token file (%s) are given; give one", c.TokenFile)
+		return invalid("Credentials.TokenFile", func(name func(string) string) string {
+			return fmt.Sprintf("(%s) and %s are both given; give one", c.TokenFile, name("Credentials.Token"))
+		})
 	case c.User == "" && (c.Password != "" || c.PasswordFile != ""):
-		return invalidf("a NATS password is given without a user; add --nats-user")
+		return invalid("Credentials.User", func(name func(string) string) string {
+			return "is empty, but a NATS password is given, which needs its user: add " + name("Credentials.User")
+		})
 	case c.User != "" && c.Password == "" && c.PasswordFile == "":
-		return invalidf("NATS user %q has no password; give --nats-password-file, a file that holds it", c.User)
+		return invalid("Credentials.User", func(name func(string) string) string {
+			return fmt.Sprintf("%q has no password; give %s, a file that holds it", c.User, name("Credentials.PasswordFile"))
+		})
 	case strings.ContainsAny(c.User, " \t\r\n"):
-		return invalidf("NATS user %q contains white space", c.User)
+		return invalid("Credentials.User", func(func(string) string) string { return fmt.Sprintf("%q contains white space", c.User) })
 	case embedded && c.CredsFile != "":
-		return invalidf("a .creds file (%s) needs a NATS server in operator mode, which the embedded server is not; use it with --nats, or give the embedded server a user and password, a token or an nkey", c.CredsFile)
+		return invalid("Credentials.CredsFile", func(name func(string) string) string {
+			return fmt.Sprintf("(%s) needs a NATS server in operator mode, which the embedded server is not; use it with %s, or give the embedded server a user and password, a token or an nkey", c.CredsFile, name("URLs"))
+		})
 	}
 	return nil
 }

@@ -163,7 +163,7 @@ func TestListenBeyondLoopbackRequiresCredentials(t *testing.T) {
 			if !errors.Is(err, ErrInvalidConfig) {
 				t.Fatalf("Open = %v, want ErrInvalidConfig", err)
 			}
-			for _, want := range []string{"without credentials", "--nats-password-file", "loopback", ":4333"} {
+			for _, want := range []string{"without credentials", "Credentials.PasswordFile", "loopback", ":4333"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("the message %q does not mention %q", err, want)
 				}
@@ -228,7 +228,7 @@ func TestConfigValidateCredentials(t *testing.T) {
 		{"IPv6 loopback needs nothing", Config{Listen: "[::1]:4333"}, ""},
 		{"two kinds", Config{Credentials: Credentials{User: "relay", PasswordFile: "/pw", TokenFile: "/tok"}}, "several kinds"},
 		{"user without password", Config{Credentials: Credentials{User: "relay"}}, "has no password"},
-		{"password without user", Config{Credentials: Credentials{PasswordFile: "/pw"}}, "add --nats-user"},
+		{"password without user", Config{Credentials: Credentials{PasswordFile: "/pw"}}, "add Credentials.User"},
 		{"password twice", Config{Credentials: Credentials{User: "relay", Password: "pw", PasswordFile: "/pw"}}, "give one"},
 		{"token twice", Config{Credentials: Credentials{Token: "t", TokenFile: "/tok"}}, "give one"},
 		{"creds, embedded", Config{Credentials: Credentials{CredsFile: "/relay.creds"}}, "operator mode"},

@@ -14,10 +14,18 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/switchboard-relay/switchboard/internal/config"
 )
 
-// DefaultDataDir is the data directory used when Config.DataDir is empty.
-const DefaultDataDir = "./switchboard-data"
+// Defaults of Config.
+const (
+	// DefaultDataDir is the data directory used when Config.DataDir is empty.
+	DefaultDataDir = "./switchboard-data"
+	// DefaultReplicas is the copies JetStream keeps of each bucket when
+	// Config.Replicas is 0: the only value the embedded server takes.
+	DefaultReplicas = 1
+)
 
 // ErrInvalidConfig is wrapped by every error Config.Validate returns.
 var ErrInvalidConfig = errors.New("invalid store configuration")
@@ -80,7 +88,7 @@ func (c *Config) Complete() {
 		c.ServerName = defaultServerName()
 	}
 	if c.Replicas == 0 {
-		c.Replicas = 1
+		c.Replicas = DefaultReplicas
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -91,7 +99,9 @@ func (c *Config) Complete() {
 // It expects a completed Config.
 func (c *Config) Validate() error {
 	if len(c.URLs) > 0 && c.Listen != "" {
-		return invalidf("Listen %q is for the embedded NATS server, but URLs name external NATS servers; set one or the other", c.Listen)
+		return invalid("Listen", func(name func(string) string) string {
+			return fmt.Sprintf("%q is for the embedded NATS server, but %s name external NATS servers; set one or the other", c.Listen, name("URLs"))
+		})
 	}
 	for _, u := range c.URLs {
 		if err := validateURL(u); err != nil {
@@ -104,22 +114,24 @@ func (c *Config) Validate() error {
 			return err
 		}
 		if !isLoopbackHost(host) && c.Credentials.Kind() == authNone {
-			return invalidf("the embedded NATS server would accept connections from other machines on %s without credentials, and anyone reaching it could read and change the fleet state; "+
-				"give credentials (--nats-user with --nats-password-file, --nats-token-file or --nats-nkey-file) or listen on loopback only (--nats-listen :%s or 127.0.0.1:%[2]s)",
-				c.Listen, portOf(c.Listen))
+			return invalid("Listen", func(name func(string) string) string {
+				return fmt.Sprintf("%s would let the embedded NATS server accept connections from other machines without credentials, and anyone reaching it could read and change the fleet state; "+
+					"give credentials (%s with %s, %s or %s) or listen on loopback only (%s :%s or 127.0.0.1:%[7]s)",
+					c.Listen, name("Credentials.User"), name("Credentials.PasswordFile"), name("Credentials.TokenFile"), name("Credentials.NkeySeedFile"), name("Listen"), portOf(c.Listen))
+			})
 		}
 	}
 	if err := c.validateSecurity(); err != nil {
 		return err
 	}
 	if c.Replicas < 1 || c.Replicas > 5 {
-		return invalidf("Replicas is %d; JetStream keeps 1 to 5 copies (1 for the embedded server, 3 for a three-node cluster)", c.Replicas)
+		return fieldf("Replicas", "is %d; JetStream keeps 1 to 5 copies (1 for the embedded server, 3 for a three-node cluster)", c.Replicas)
 	}
 	if len(c.URLs) == 0 && c.Replicas != 1 {
-		return invalidf("Replicas is %d, but the embedded NATS server is a single node and can keep only 1 copy", c.Replicas)
+		return fieldf("Replicas", "is %d, but the embedded NATS server is a single node and can keep only 1 copy", c.Replicas)
 	}
 	if strings.ContainsAny(c.ServerName, " \t\r\n") {
-		return invalidf("ServerName %q contains white space; use letters, digits and dashes", c.ServerName)
+		return fieldf("ServerName", "%q contains white space; use letters, digits and dashes", c.ServerName)
 	}
 	return nil
 }
@@ -131,14 +143,14 @@ func (c *Config) validateSecurity() error {
 		return err
 	}
 	if embedded && c.CAFile != "" {
-		return invalidf("a CA file (%s) is for tls:// URLs of external NATS servers; the embedded server does not use TLS", c.CAFile)
+		return fieldf("CAFile", "(%s) is for tls:// URLs of external NATS servers; the embedded server does not use TLS", c.CAFile)
 	}
 	if c.Credentials.Kind() == authNone {
 		return nil
 	}
 	for _, u := range c.URLs {
 		if urlHasUserinfo(u) {
-			return invalidf("NATS URL %s carries credentials, and %s credentials are given too; give them once, preferably from a file", redactURL(u), c.Credentials.Kind())
+			return fieldf("URLs", "%s carries credentials, and %s credentials are given too; give them once, preferably from a file", redactURL(u), c.Credentials.Kind())
 		}
 	}
 	return nil
@@ -149,8 +161,27 @@ func portOf(listen string) string {
 	return port
 }
 
+// invalidf is an error of the configuration that no one field holds (a
+// file it names cannot be read, say).
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+}
+
+// component names the store in its configuration errors.
+const component = "store"
+
+// fieldf is the error of one field, in the Config's words.
+func fieldf(field, format string, args ...any) error {
+	e := config.Invalidf(component, field, format, args...)
+	e.Err = ErrInvalidConfig
+	return e
+}
+
+// invalid is fieldf for a problem that names other fields.
+func invalid(field string, problem func(name func(field string) string) string) error {
+	e := config.Invalid(component, field, problem)
+	e.Err = ErrInvalidConfig
+	return e
 }
 
 // cleanURLs trims each URL and drops empty ones, so that "a, b," works.
@@ -170,13 +201,13 @@ func validateURL(raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
-		return invalidf("NATS URL %q is not a URL; write it as nats://host:4222", redactURL(raw))
+		return fieldf("URLs", "%q is not a URL; write it as nats://host:4222", redactURL(raw))
 	}
 	switch u.Scheme {
 	case "nats", "tls", "ws", "wss":
 		return nil
 	default:
-		return invalidf("NATS URL %q has scheme %q; use nats://, tls://, ws:// or wss://", redactURL(raw), u.Scheme)
+		return fieldf("URLs", "%q has scheme %q; use nats://, tls://, ws:// or wss://", redactURL(raw), u.Scheme)
 	}
 }
 
@@ -184,11 +215,11 @@ func validateURL(raw string) error {
 func splitListen(listen string) (host string, port int, err error) {
 	host, p, err := net.SplitHostPort(listen)
 	if err != nil {
-		return "", 0, invalidf("Listen %q is not host:port (e.g. 127.0.0.1:4333 or :4333)", listen)
+		return "", 0, fieldf("Listen", "%q is not host:port (e.g. 127.0.0.1:4333 or :4333)", listen)
 	}
 	port, err = strconv.Atoi(p)
 	if err != nil || port < 0 || port > 65535 {
-		return "", 0, invalidf("Listen %q has port %q; use a number from 0 to 65535", listen, p)
+		return "", 0, fieldf("Listen", "%q has port %q; use a number from 0 to 65535", listen, p)
 	}
 	return host, port, nil
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/backoff"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Link reaches the relay holding a topic's device.
@@ -62,7 +64,7 @@ func (t *Topic) feed(ctx context.Context) {
 		if errors.Is(err, ErrLocal) {
 			return // held here: writers publish here, the stop of the feed happens on Moved
 		}
-		h.cfg.Logger.Debug("topic feed from the device's relay ended; retrying", "device", t.key.Device, "topic", t.key.Name, "error", err)
+		h.cfg.Logger.Debug("topic feed from the device's relay ended; retrying", logkey.Device, t.key.Device, logkey.Topic, t.key.Name, logkey.Err, err)
 		wait := time.NewTimer(b.Next(h.cfg.Now()))
 		select {
 		case <-wait.C:

@@ -12,6 +12,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Prefix is the path under which the public listener serves topics:
@@ -226,7 +228,7 @@ func (h *Handler) serve(ctx context.Context, c *websocket.Conn, key Key, mode Mo
 	closeWith(c, cause)
 	wg.Wait()
 	if h.Logger != nil {
-		h.Logger.Debug("topic connection ended", "device", key.Device, "topic", key.Name, "mode", mode.String(), "peer", acc.Peer, "cause", cause)
+		h.Logger.Debug("topic connection ended", logkey.Device, key.Device, logkey.Topic, key.Name, logkey.Mode, mode.String(), logkey.Peer, acc.Peer, logkey.Cause, cause)
 	}
 }
 

@@ -2,9 +2,7 @@ package tunnel
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -12,6 +10,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/httperr"
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -54,12 +54,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	agentID, err := h.Authorize(r, device)
 	if err != nil {
-		var se interface{ HTTPStatus() int }
-		status := http.StatusForbidden
-		if errors.As(err, &se) {
-			status = se.HTTPStatus()
-		}
-		textError(w, status, err.Error())
+		textError(w, httperr.StatusOf(err, http.StatusForbidden), err.Error())
 		return
 	}
 	instance := r.Header.Get(wire.InstanceHeader)
@@ -90,7 +85,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case IsHandshake(r):
 		conn, err := AcceptPlaced(w, r, place)
 		if err != nil {
-			h.log().Warn("tunnel handshake failed", "device", device, "err", err)
+			h.log().Warn("tunnel handshake failed", logkey.Device, device, logkey.Err, err)
 			return
 		}
 		h.add(conn, device, agentID, instance)
@@ -110,7 +105,7 @@ func (h *Handler) acceptWebSocket(w http.ResponseWriter, r *http.Request, device
 
 func (h *Handler) add(conn net.Conn, device, agentID, instance string) {
 	if _, err := h.Pool.Add(conn, device, agentID, instance); err != nil {
-		h.log().Info("tunnel dropped", "device", device, "instance", instance, "err", err)
+		h.log().Info("tunnel dropped", logkey.Device, device, logkey.Instance, instance, logkey.Err, err)
 	}
 }
 
@@ -121,9 +116,4 @@ func (h *Handler) log() *slog.Logger {
 	return h.Logger
 }
 
-func textError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	io.WriteString(w, msg+"\n")
-}
+func textError(w http.ResponseWriter, status int, msg string) { httperr.Text(w, status, msg) }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/replay"
 )
 
@@ -29,17 +30,23 @@ var ErrNoSession = errors.New("no native tunnel for the device")
 // silence and gives up after Timeout/2, so that both ends notice a silent
 // peer within Interval+Timeout.
 type Liveness struct {
-	Interval time.Duration // default 400 ms
-	Timeout  time.Duration // default 800 ms: a frozen peer is noticed within 1.2 s
+	Interval time.Duration // default DefaultPingInterval, 400 ms
+	Timeout  time.Duration // default DefaultPingTimeout, 800 ms: a frozen peer is noticed within 1.2 s
 }
+
+// Defaults of Liveness.
+const (
+	DefaultPingInterval = 400 * time.Millisecond
+	DefaultPingTimeout  = 800 * time.Millisecond
+)
 
 // WithDefaults fills zero fields.
 func (l Liveness) WithDefaults() Liveness {
 	if l.Interval <= 0 {
-		l.Interval = 400 * time.Millisecond
+		l.Interval = DefaultPingInterval
 	}
 	if l.Timeout <= 0 {
-		l.Timeout = 800 * time.Millisecond
+		l.Timeout = DefaultPingTimeout
 	}
 	return l
 }
@@ -150,7 +157,7 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 		p.drainLater(s, w/2+rand.N(w/2+1))
 	}
 	p.changed()
-	p.log.Debug("tunnel connected", "device", device, "instance", instance)
+	p.log.Debug("tunnel connected", logkey.Device, device, logkey.Instance, instance)
 	return s, nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/httperr"
 )
 
 // DefaultMaxStreams is how many requests a relay sends one native agent at
@@ -91,3 +93,8 @@ func (p *Pool) registerStreamMetrics(reg prometheus.Registerer) {
 			Help: "User requests refused with 503 because every native agent of the device was at its cap of requests in flight.",
 		}, func() float64 { return float64(p.busy.Load()) }))
 }
+
+var (
+	_ httperr.StatusError     = (*BusyError)(nil)
+	_ httperr.RetryAfterError = (*BusyError)(nil)
+)

@@ -13,6 +13,10 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Defaults of Config.
@@ -49,11 +53,15 @@ type Config struct {
 	OnVeto func(id string, after time.Duration, reason error)
 	// OnClear is told when a probe that answered clears a veto. Optional.
 	OnClear func(id string)
+	// Metrics is where the watchdog registers its metrics; nil registers
+	// nowhere.
+	Metrics prometheus.Registerer
 	// Logger receives transitions; nil discards.
 	Logger *slog.Logger
 }
 
-func (c *Config) complete() {
+// Complete fills in defaults for zero fields.
+func (c *Config) Complete() {
 	if c.Interval <= 0 {
 		c.Interval = DefaultInterval
 	}
@@ -86,7 +94,8 @@ type peerState struct {
 
 // Watchdog probes peers and keeps the veto set. It is safe for concurrent use.
 type Watchdog struct {
-	cfg Config
+	cfg     Config
+	metrics metrics
 
 	mu    sync.Mutex
 	peers map[string]*peerState
@@ -94,8 +103,8 @@ type Watchdog struct {
 
 // New returns a watchdog; Run starts its probes.
 func New(cfg Config) *Watchdog {
-	cfg.complete()
-	return &Watchdog{cfg: cfg, peers: map[string]*peerState{}}
+	cfg.Complete()
+	return &Watchdog{cfg: cfg, metrics: newMetrics(cfg.Metrics), peers: map[string]*peerState{}}
 }
 
 // Vetoed reports whether id is vetoed now.
@@ -129,7 +138,8 @@ func (w *Watchdog) Veto(id string, reason error) {
 	s.vetoUntil = now.Add(w.cfg.VetoTTL)
 	w.mu.Unlock()
 	if !was {
-		w.cfg.Logger.Warn("peer vetoed: the data path could not reach it", "relay_id", id, "error", reason)
+		w.cfg.Logger.Warn("peer vetoed: the data path could not reach it", logkey.RelayID, id, logkey.Err, reason)
+		w.metrics.vetoed(CauseDataPath, 0)
 		w.cfg.OnVeto(id, 0, reason)
 	}
 }
@@ -185,7 +195,7 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 		s.misses, s.vetoUntil = 0, time.Time{}
 		w.mu.Unlock()
 		if vetoed {
-			w.cfg.Logger.Info("peer answers again; veto cleared", "relay_id", p.ID)
+			w.cfg.Logger.Info("peer answers again; veto cleared", logkey.RelayID, p.ID)
 			w.cfg.OnClear(p.ID)
 		}
 		return
@@ -204,7 +214,8 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 	after := now.Sub(s.firstMiss)
 	w.mu.Unlock()
 	if fire {
-		w.cfg.Logger.Warn("peer vetoed: it missed its probes", "relay_id", p.ID, "misses", w.cfg.Misses, "error", err)
+		w.cfg.Logger.Warn("peer vetoed: it missed its probes", logkey.RelayID, p.ID, logkey.Misses, w.cfg.Misses, logkey.Err, err)
+		w.metrics.vetoed(CauseProbes, after)
 		w.cfg.OnVeto(p.ID, after, err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
@@ -222,6 +223,37 @@ func TestForgetsGonePeers(t *testing.T) {
 		w.mu.Unlock()
 		if n != 0 {
 			t.Errorf("%d peers remembered after they left", n)
+		}
+	})
+}
+
+// TestVetoMetrics counts each veto in switchboard_watchdog_veto_seconds
+// under its cause: missed probes, or the data path.
+func TestVetoMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		f := &fakePeers{down: map[string]bool{"a": true}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{Interval: time.Second, Timeout: 700 * time.Millisecond, Misses: 2, Metrics: reg})
+		stop := run(t, w)
+		defer stop()
+		elapse(2500 * time.Millisecond) // a misses twice
+		synctest.Wait()
+		w.Veto("b", errors.New("connection refused"))
+		counts := map[string]uint64{}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "switchboard_watchdog_veto_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				counts[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
+			}
+		}
+		if counts[CauseProbes] != 1 || counts[CauseDataPath] != 1 {
+			t.Errorf("vetoes counted by cause %v, want one of each", counts)
 		}
 	})
 }
