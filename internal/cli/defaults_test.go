@@ -205,7 +205,10 @@ func compareDefault(fl *flag.Flag, doc string) string {
 	// Flags that share a variable (a reference name and ours) all report
 	// the variable's value, so each flag's own default is read from its
 	// DefValue, in the variable's type.
-	getter, _ := fl.Value.(flag.Getter)
+	getter, ok := fl.Value.(flag.Getter)
+	if !ok {
+		return "" // a repeatable flag (--service, --broadcast-path): no default to hold
+	}
 	switch getter.Get().(type) {
 	case time.Duration:
 		v, _ := time.ParseDuration(fl.DefValue)

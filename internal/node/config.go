@@ -236,6 +236,7 @@ func (c *Config) Complete() {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	c.Broker.Complete()
+	c.Topics.Complete()
 }
 
 // Validate rejects settings that cannot work, saying how to fix them. Its

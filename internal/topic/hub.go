@@ -89,6 +89,10 @@ func (c *Config) Complete() {
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
+}
+
+// wire fills in the parts that are not settings: the logger and the clock.
+func (c *Config) wire() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -155,6 +159,7 @@ type Hub struct {
 // NewHub returns a hub with the limits of cfg (completed).
 func NewHub(cfg Config) (*Hub, error) {
 	cfg.Complete()
+	cfg.wire()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
