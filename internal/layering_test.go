@@ -17,7 +17,7 @@ const module = "github.com/switchboard-relay/switchboard/internal/"
 // import packages of lower layers only; a new package must be placed here.
 var layers = [][]string{
 	// Pure policy, protocol and plumbing: no Switchboard package below.
-	{"backoff", "ranking", "secret", "wire", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
+	{"backoff", "ranking", "secret", "wire", "mux", "service", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols.
 	{"auth", "peer", "broker", "fleet"},
 	{"access", "longpoll", "tunnel", "auth/authtest"},

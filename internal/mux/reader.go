@@ -1,0 +1,236 @@
+package mux
+
+import (
+	"io"
+	"time"
+)
+
+// readLoop reads and acts on frames until the connection fails or the
+// session ends.
+func (s *Session) readLoop() {
+	defer close(s.readerDone)
+	err := s.readFrames()
+	if err == io.EOF {
+		err = ErrSessionClosed
+	}
+	s.fail(err)
+}
+
+// largePayload is the size from which a DATA payload not yet wholly in the
+// read buffer is read straight into its own chunk.
+const largePayload = readBufSize / 4
+
+func (s *Session) readFrames() error {
+	idle := newIdleWaiter(s.conn) // nil where waiting without a buffer is not possible
+	var buf []byte
+	defer func() {
+		if buf != nil {
+			putChunk(buf)
+		}
+	}()
+	r, w := 0, 0 // buf[r:w] is read and not yet acted on
+	for {
+		for w-r >= headerLen {
+			h, err := parseHeader(buf[r:w])
+			if err != nil {
+				return err
+			}
+			n := h.payloadLen()
+			have := w - r - headerLen
+			if have >= n {
+				if err := s.handle(h, buf[r+headerLen:r+headerLen+n], false); err != nil {
+					return err
+				}
+				r += headerLen + n
+				continue
+			}
+			if n < largePayload {
+				break // wait for the rest in buf
+			}
+			payload := getChunk(n)
+			copy(payload, buf[r+headerLen:w])
+			if _, err := io.ReadFull(s.conn, payload[have:]); err != nil {
+				putChunk(payload)
+				return err
+			}
+			s.touch()
+			r, w = 0, 0
+			if err := s.handle(h, payload, true); err != nil {
+				return err
+			}
+		}
+		switch {
+		case r == w:
+			r, w = 0, 0
+			if idle != nil && buf != nil {
+				putChunk(buf) // hold no buffer while the connection is idle
+				buf = nil
+			}
+		case r > 0:
+			w = copy(buf, buf[r:w])
+			r = 0
+		}
+		if buf == nil {
+			if idle != nil {
+				if err := idle.wait(); err != nil {
+					return err
+				}
+			}
+			buf = getChunk(readBufSize)
+		}
+		n, err := s.conn.Read(buf[w:])
+		if n > 0 {
+			w += n
+			s.touch()
+			continue // act on what came before reporting an error
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// handle acts on one frame. The payload is the read buffer's unless owned.
+func (s *Session) handle(h header, payload []byte, owned bool) error {
+	switch h.typ {
+	case typeData:
+		return s.handleData(h, payload, owned)
+	case typeOpen:
+		return s.handleOpen(h, payload)
+	case typeWindow:
+		st, err := s.lookup(h.stream)
+		if st != nil && st.addCredit(h.value) {
+			return protocolErrorf("stream %d granted over %d bytes", h.stream, maxCredit)
+		}
+		return err
+	case typeReset:
+		st, err := s.lookup(h.stream)
+		if st != nil {
+			s.remove(st.id)
+			st.fail(&ResetError{Code: h.value, Remote: true})
+		}
+		return err
+	case typePing:
+		if h.flags&flagAck == 0 {
+			s.w.control(header{typ: typePing, flags: flagAck, value: h.value}, nil)
+			return nil
+		}
+		s.pong(h.value)
+	case typeGoAway:
+		s.mu.Lock()
+		s.goneAway = true
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// lookup returns the stream id names, or nil if it has ended; an id that
+// names no stream that ever was is a protocol error.
+func (s *Session) lookup(id uint32) (*Stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.streams[id]; ok {
+		return st, nil
+	}
+	ours := (id%2 == 1) == s.cfg.Client
+	if ours && id < s.nextID || !ours && id <= s.peerID {
+		return nil, nil // ended: late frames are dropped
+	}
+	return nil, protocolErrorf("frame for stream %d, which was never opened", id)
+}
+
+func (s *Session) handleData(h header, payload []byte, owned bool) error {
+	st, err := s.lookup(h.stream)
+	if st == nil {
+		if owned {
+			putChunk(payload)
+		}
+		return err
+	}
+	var chunk []byte
+	if len(payload) > 0 {
+		chunk = payload
+		if !owned {
+			chunk = getChunk(len(payload))
+			copy(chunk, payload)
+		}
+		s.probeBDP(len(payload))
+	}
+	if st.receive(chunk, h.flags&flagFin != 0) {
+		st.Reset(CodeFlowControl)
+	}
+	return nil
+}
+
+func (s *Session) handleOpen(h header, meta []byte) error {
+	ours := (h.stream%2 == 1) == s.cfg.Client
+	s.mu.Lock()
+	if _, open := s.streams[h.stream]; ours || open {
+		s.mu.Unlock()
+		return protocolErrorf("OPEN of stream %d, which the peer may not open", h.stream)
+	}
+	// Streams are opened by their first frame, so OPENs of streams opened
+	// at once may come in any order; a stream's other frames follow its OPEN.
+	s.peerID = max(s.peerID, h.stream)
+	refuse := s.cfg.RefuseStreams || s.err != nil
+	var st *Stream
+	if !refuse {
+		st = newStream(s, h.stream, append([]byte(nil), meta...))
+		st.rfin = h.flags&flagFin != 0
+		if len(s.backlog) < s.cfg.AcceptBacklog {
+			s.backlog = append(s.backlog, st)
+			s.streams[st.id] = st
+		} else {
+			refuse = true // the backlog is full
+		}
+	}
+	s.mu.Unlock()
+	signal(s.acceptable)
+	if refuse {
+		s.w.control(header{typ: typeReset, stream: h.stream, value: CodeRefused}, nil)
+	}
+	return nil
+}
+
+// probeBDP counts n bytes received and starts a measurement of the
+// bandwidth-delay product if none is running and the window may grow.
+func (s *Session) probeBDP(n int) {
+	s.mu.Lock()
+	b := &s.bdp
+	b.bytes += n
+	start := !b.out && s.window.Load() < int64(s.cfg.MaxWindow)
+	if start {
+		b.out = true
+		b.sent = time.Now()
+		b.bytes = n
+	}
+	s.mu.Unlock()
+	if start {
+		s.w.control(header{typ: typePing, value: bdpPing}, nil)
+	}
+}
+
+// pong acts on a ping's answer.
+func (s *Session) pong(value uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if value != bdpPing {
+		if c, ok := s.pings[value]; ok {
+			close(c)
+			delete(s.pings, value)
+		}
+		return
+	}
+	b := &s.bdp
+	if !b.out {
+		return
+	}
+	b.out = false
+	b.rtt = time.Since(b.sent)
+	// What arrived during one round trip is what the link holds. When it
+	// nears the window, the window is what limits the stream: double it.
+	window := s.window.Load()
+	if sample := int64(b.bytes); sample*3 >= window*2 {
+		s.window.Store(min(2*sample, int64(s.cfg.MaxWindow)))
+	}
+}

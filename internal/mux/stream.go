@@ -1,0 +1,470 @@
+package mux
+
+import (
+	"cmp"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// Stream is one stream of a session: a net.Conn with half-close. Reads
+// and writes may run concurrently with each other; like a net.Conn's,
+// concurrent reads (or writes) interleave.
+type Stream struct {
+	s    *Session
+	id   uint32
+	meta []byte
+
+	rdl, wdl deadline
+	readable chan struct{} // signalled when there is something new to read
+	writable chan struct{} // signalled when there is new credit
+
+	mu       sync.Mutex // guards the fields below
+	open     []byte     // the OPEN frame's metadata, until it is sent with the stream's first frame
+	opening  bool       // the OPEN frame is not sent yet
+	chunks   [][]byte   // received and unread; the first from roff
+	roff     int
+	buffered int   // unread bytes
+	granted  int64 // receive credit ever granted to the peer
+	recvd    int64 // bytes ever received
+	read     int64 // bytes ever read
+	credit   int64 // bytes this end may still send
+	rfin     bool  // the peer writes no more
+	wfin     bool  // this end writes no more (its FIN is sent or on its way)
+	closed   bool  // Close was called
+	err      error // the stream was reset, or the session ended
+}
+
+func newStream(s *Session, id uint32, meta []byte) *Stream {
+	return &Stream{
+		s: s, id: id, meta: meta,
+		rdl: newDeadline(), wdl: newDeadline(),
+		readable: make(chan struct{}, 1),
+		writable: make(chan struct{}, 1),
+		granted:  InitialWindow,
+		credit:   InitialWindow,
+	}
+}
+
+// ID returns the stream's id, unique within its session.
+func (st *Stream) ID() uint32 { return st.id }
+
+// Meta returns the metadata the opener sent with the stream.
+func (st *Stream) Meta() []byte { return st.meta }
+
+// Session returns the session the stream belongs to.
+func (st *Stream) Session() *Session { return st.s }
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Read reads what the peer wrote. It returns io.EOF after the peer's
+// CloseWrite (or Close) once every byte is read; a *ResetError if the
+// stream was reset before that.
+func (st *Stream) Read(p []byte) (int, error) {
+	if err := st.flushOpen(); err != nil {
+		return 0, err
+	}
+	if isClosed(st.rdl.wait()) {
+		return 0, os.ErrDeadlineExceeded
+	}
+	st.mu.Lock()
+	if err := st.waitReadableLocked(); err != nil {
+		st.mu.Unlock()
+		return 0, err
+	}
+	n := 0
+	for n < len(p) && len(st.chunks) > 0 {
+		c := st.chunks[0][st.roff:]
+		k := copy(p[n:], c)
+		n += k
+		st.roff += k
+		if k == len(c) {
+			st.popChunkLocked()
+		}
+	}
+	inc := st.consumedLocked(n)
+	st.mu.Unlock()
+	st.grant(inc)
+	return n, nil
+}
+
+// WriteTo writes what the peer writes to w until the peer's CloseWrite,
+// handing over received chunks without a copy of its own.
+func (st *Stream) WriteTo(w io.Writer) (int64, error) {
+	if err := st.flushOpen(); err != nil {
+		return 0, err
+	}
+	var total int64
+	var bufs net.Buffers
+	for {
+		st.mu.Lock()
+		if err := st.waitReadableLocked(); err != nil {
+			st.mu.Unlock()
+			if err == io.EOF {
+				err = nil
+			}
+			return total, err
+		}
+		chunks, roff := st.chunks, st.roff
+		st.chunks, st.roff = nil, 0
+		n := st.buffered
+		inc := st.consumedLocked(n)
+		st.mu.Unlock()
+		st.grant(inc)
+		bufs = append(bufs[:0], chunks...)
+		bufs[0] = bufs[0][roff:]
+		_, err := bufs.WriteTo(w)
+		for _, c := range chunks {
+			putChunk(c)
+		}
+		if err != nil {
+			return total, err
+		}
+		total += int64(n)
+	}
+}
+
+// waitReadableLocked waits until there are unread bytes, or returns why
+// there will be none.
+func (st *Stream) waitReadableLocked() error {
+	for st.buffered == 0 {
+		switch {
+		case st.closed:
+			return net.ErrClosed
+		case st.rfin:
+			return io.EOF
+		case st.err != nil:
+			return st.err
+		}
+		expired := st.rdl.wait()
+		st.mu.Unlock()
+		select {
+		case <-st.readable:
+			st.mu.Lock()
+		case <-expired:
+			st.mu.Lock()
+			if st.buffered == 0 {
+				return os.ErrDeadlineExceeded
+			}
+		}
+	}
+	return nil
+}
+
+func (st *Stream) popChunkLocked() {
+	putChunk(st.chunks[0])
+	st.chunks[0] = nil
+	st.chunks = st.chunks[1:]
+	st.roff = 0
+	if len(st.chunks) == 0 {
+		st.chunks = nil
+	}
+}
+
+// consumedLocked counts n bytes read and returns the credit to grant the
+// peer now, if any: the window is topped up once half of it is used.
+func (st *Stream) consumedLocked(n int) int64 {
+	st.buffered -= n
+	st.read += int64(n)
+	if st.rfin || st.err != nil || st.closed {
+		return 0
+	}
+	window := st.s.window.Load()
+	inc := st.read + window - st.granted
+	if inc < window/2 {
+		return 0
+	}
+	st.granted += inc
+	return inc
+}
+
+func (st *Stream) grant(inc int64) {
+	if inc > 0 {
+		st.s.w.control(header{typ: typeWindow, stream: st.id, value: uint32(inc)}, nil)
+	}
+}
+
+// Write writes p to the stream, waiting for credit as the peer reads.
+func (st *Stream) Write(p []byte) (int, error) {
+	if isClosed(st.wdl.wait()) {
+		return 0, os.ErrDeadlineExceeded
+	}
+	written := 0
+	for written < len(p) {
+		n, seq, err := st.queueData(p[written:])
+		if err != nil {
+			return written, err
+		}
+		if err := st.s.w.wait(seq); err != nil {
+			return written, err
+		}
+		written += n
+	}
+	return written, nil
+}
+
+// queueData waits for credit, then queues DATA frames for as much of p as
+// it allows (after the stream's OPEN frame, if it is not sent yet).
+func (st *Stream) queueData(p []byte) (int, uint64, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for {
+		switch {
+		case st.closed:
+			return 0, 0, net.ErrClosed
+		case st.err != nil:
+			return 0, 0, st.err
+		case st.wfin:
+			return 0, 0, errWriteAfterClose
+		case st.credit > 0:
+			n := int(min(int64(len(p)), st.credit))
+			st.credit -= int64(n)
+			var frames [8]outFrame
+			fs := append(frames[:0], st.takeOpenLocked(false)...)
+			for chunk := p[:n]; len(chunk) > 0; {
+				k := min(len(chunk), st.s.cfg.WriteFrame)
+				fs = append(fs, frame(header{typ: typeData, stream: st.id, value: uint32(k)}, chunk[:k]))
+				chunk = chunk[k:]
+			}
+			seq, err := st.s.w.enqueue(fs...)
+			return n, seq, err
+		}
+		expired := st.wdl.wait()
+		st.mu.Unlock()
+		select {
+		case <-st.writable:
+			st.mu.Lock()
+		case <-expired:
+			st.mu.Lock()
+			if st.credit == 0 {
+				return 0, 0, os.ErrDeadlineExceeded
+			}
+		}
+	}
+}
+
+var errWriteAfterClose = &net.OpError{Op: "write", Net: "mux", Err: net.ErrClosed}
+
+// takeOpenLocked returns the stream's OPEN frame if it is not sent yet.
+func (st *Stream) takeOpenLocked(fin bool) []outFrame {
+	if !st.opening {
+		return nil
+	}
+	st.opening = false
+	var flags uint8
+	if fin {
+		flags = flagFin
+	}
+	f := frame(header{typ: typeOpen, flags: flags, stream: st.id, value: uint32(len(st.open))}, st.open)
+	st.open = nil
+	return []outFrame{f}
+}
+
+// flushOpen sends the OPEN frame if nothing was written yet, before a read
+// waits for the peer: a peer that speaks first must know of the stream.
+func (st *Stream) flushOpen() error {
+	seq, err := st.queue(func() []outFrame { return st.takeOpenLocked(false) })
+	if seq == 0 || err != nil {
+		return err
+	}
+	return st.s.w.wait(seq)
+}
+
+// queue queues the frames that frames returns, under the stream's lock.
+// It returns 0 if there were none.
+func (st *Stream) queue(frames func() []outFrame) (uint64, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	fs := frames()
+	if len(fs) == 0 {
+		return 0, nil
+	}
+	return st.s.w.enqueue(fs...)
+}
+
+// CloseWrite ends this end's direction: the peer reads io.EOF once it has
+// read everything before. Reading goes on.
+func (st *Stream) CloseWrite() error {
+	var err error
+	done := false
+	seq, qerr := st.queue(func() []outFrame {
+		if st.closed || st.err != nil || st.wfin {
+			err = st.err
+			if st.closed {
+				err = net.ErrClosed
+			}
+			return nil
+		}
+		st.wfin = true
+		done = st.rfin
+		if open := st.takeOpenLocked(true); open != nil {
+			return open
+		}
+		return []outFrame{frame(header{typ: typeData, flags: flagFin, stream: st.id}, nil)}
+	})
+	if err != nil || qerr != nil {
+		return cmp.Or(err, qerr)
+	}
+	if done {
+		st.s.remove(st.id)
+	}
+	return st.s.w.wait(seq)
+}
+
+// Close ends the stream both ways: what was written is still delivered,
+// then the peer reads io.EOF; what the peer sends from then on is dropped
+// and its writes fail.
+func (st *Stream) Close() error {
+	first := false
+	seq, err := st.queue(func() []outFrame {
+		if st.closed {
+			return nil
+		}
+		first = true
+		st.closed = true
+		defer st.dropLocked()
+		if st.opening {
+			st.opening = false // the peer never heard of it
+			return nil
+		}
+		if st.err != nil {
+			return nil
+		}
+		var fs []outFrame
+		if !st.wfin {
+			st.wfin = true
+			fs = append(fs, frame(header{typ: typeData, flags: flagFin, stream: st.id}, nil))
+		}
+		if !st.rfin {
+			fs = append(fs, frame(header{typ: typeReset, stream: st.id, value: CodeClosed}, nil))
+		}
+		return fs
+	})
+	if !first {
+		return nil
+	}
+	signal(st.readable)
+	signal(st.writable)
+	st.s.remove(st.id)
+	if seq == 0 || err != nil {
+		return err
+	}
+	return st.s.w.wait(seq)
+}
+
+// Reset ends the stream at once both ways with code: unread and unsent
+// bytes are dropped, and the peer's reads and writes fail with a
+// *ResetError.
+func (st *Stream) Reset(code uint32) error {
+	first := false
+	_, err := st.queue(func() []outFrame {
+		if st.err != nil || st.closed {
+			return nil
+		}
+		first = true
+		st.err = &ResetError{Code: code}
+		st.dropLocked()
+		if st.opening {
+			st.opening = false // the peer never heard of it
+			return nil
+		}
+		return []outFrame{frame(header{typ: typeReset, stream: st.id, value: code}, nil)}
+	})
+	if first {
+		signal(st.readable)
+		signal(st.writable)
+		st.s.remove(st.id)
+		st.s.w.kick()
+	}
+	return err
+}
+
+// dropLocked frees the unread chunks.
+func (st *Stream) dropLocked() {
+	for _, c := range st.chunks {
+		putChunk(c)
+	}
+	st.chunks = nil
+	st.roff = 0
+	st.buffered = 0
+}
+
+// SetDeadline, SetReadDeadline and SetWriteDeadline are net.Conn's: a
+// blocked Read or Write returns os.ErrDeadlineExceeded once t passes.
+func (st *Stream) SetDeadline(t time.Time) error {
+	st.rdl.set(t)
+	st.wdl.set(t)
+	return nil
+}
+
+func (st *Stream) SetReadDeadline(t time.Time) error  { st.rdl.set(t); return nil }
+func (st *Stream) SetWriteDeadline(t time.Time) error { st.wdl.set(t); return nil }
+
+// LocalAddr and RemoteAddr are the session connection's.
+func (st *Stream) LocalAddr() net.Addr  { return st.s.conn.LocalAddr() }
+func (st *Stream) RemoteAddr() net.Addr { return st.s.conn.RemoteAddr() }
+
+// The reading goroutine's side.
+
+// receive adds a DATA frame's payload (a chunk the stream now owns, or
+// nil) and reports whether the peer broke the stream's credit.
+func (st *Stream) receive(chunk []byte, fin bool) (over bool) {
+	st.mu.Lock()
+	n := len(chunk)
+	if st.closed || st.err != nil {
+		st.mu.Unlock()
+		if chunk != nil {
+			putChunk(chunk)
+		}
+		return false
+	}
+	st.recvd += int64(n)
+	if st.recvd > st.granted || st.rfin {
+		st.mu.Unlock()
+		putChunk(chunk)
+		return true
+	}
+	if n > 0 {
+		st.chunks = append(st.chunks, chunk)
+		st.buffered += n
+	}
+	done := false
+	if fin {
+		st.rfin = true
+		done = st.wfin
+	}
+	st.mu.Unlock()
+	signal(st.readable)
+	if done {
+		st.s.remove(st.id)
+	}
+	return false
+}
+
+func (st *Stream) addCredit(n uint32) (over bool) {
+	st.mu.Lock()
+	st.credit += int64(n)
+	over = st.credit > maxCredit
+	st.mu.Unlock()
+	signal(st.writable)
+	return over
+}
+
+// fail ends the stream with err (a reset, or the session's end). Unread
+// bytes stay readable.
+func (st *Stream) fail(err error) {
+	st.mu.Lock()
+	if st.err == nil {
+		st.err = err
+	}
+	st.mu.Unlock()
+	signal(st.readable)
+	signal(st.writable)
+}
