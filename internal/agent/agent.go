@@ -15,6 +15,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/service"
 )
 
 // ErrUnauthorized is returned by Run when the relay refuses the agent's
@@ -29,6 +31,9 @@ type Agent struct {
 	wsClient *http.Client // to the relay, for the websocket tunnel: redirects are the agent's to follow
 	backend  *http.Client // to the local service
 
+	byName   map[string]service.Service // the services by name
+	announce string                     // what a version 2 relay learns of them
+
 	mu    sync.Mutex // guards state
 	state string     // last logged connection state
 }
@@ -42,7 +47,21 @@ func New(cfg Config) (*Agent, error) {
 	var id [8]byte
 	rand.Read(id[:])
 	relayTransport := newRelayTransport(&cfg)
+	services, err := cfg.services()
+	if err != nil {
+		return nil, err
+	}
+	announce, err := service.Announce(services, cfg.PreserveHost)
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]service.Service, len(services))
+	for _, sv := range services {
+		byName[sv.Name] = sv
+	}
 	return &Agent{
+		byName:   byName,
+		announce: announce,
 		cfg:      cfg,
 		instance: hex.EncodeToString(id[:]),
 		relay:    &http.Client{Transport: relayTransport},
