@@ -3,15 +3,10 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
 	"net"
-	"sync"
-	"syscall"
 	"time"
 
-	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
@@ -48,48 +43,17 @@ func (c *Config) services() ([]service.Service, error) {
 	return list, nil
 }
 
-// serveStreams serves a version 2 tunnel until it dies or ctx ends: each
-// stream the relay opens names one of the agent's services, which the
-// agent dials and joins to the stream byte for byte. It returns once every
-// stream's copying has ended.
-func (a *Agent) serveStreams(ctx context.Context, conn net.Conn) {
-	l := a.cfg.Liveness.WithDefaults()
-	ms := mux.New(conn, mux.Config{Client: true, MaxWindow: tunnel.MaxWindow, PingAfter: l.Interval, DeadAfter: l.Interval + l.Timeout})
-	stop := context.AfterFunc(ctx, func() { ms.Close() })
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer ms.Close()
-	for {
-		st, err := ms.Accept()
-		if err != nil {
-			return
-		}
-		wg.Go(func() { a.serveStream(ctx, st) })
-	}
-}
-
-// serveStream dials the service st names and copies bytes both ways,
-// passing each direction's end on as a half-close. A stream whose service
-// is unknown or unreachable is reset with a code that tells the relay why.
-func (a *Agent) serveStream(ctx context.Context, st *mux.Stream) {
-	name := string(st.Meta())
+// dialStream connects to the service a stream names.
+func (a *Agent) dialStream(ctx context.Context, name string) (net.Conn, error) {
 	sv, ok := a.byName[name]
 	if !ok {
-		st.Reset(tunnel.CodeUnknownService)
-		return
+		return nil, fmt.Errorf("service %q: %w", name, service.ErrUnknown)
 	}
-	backend, err := a.dialService(ctx, sv)
+	conn, err := a.dialService(ctx, sv)
 	if err != nil {
-		code := tunnel.CodeServiceUnreachable
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			code = tunnel.CodeServiceRefused
-		}
 		a.cfg.Logger.Debug("service unreachable", "device", a.cfg.Device, "service", name, "err", err)
-		st.Reset(code)
-		return
 	}
-	join(st, backend)
+	return conn, err
 }
 
 // dialService connects to sv: TCP, then TLS when sv says so, verified with
@@ -113,44 +77,6 @@ func (a *Agent) dialService(ctx context.Context, sv service.Service) (net.Conn, 
 	}
 	return t, nil
 }
-
-// halfCloser is a connection whose sending direction can end alone.
-type halfCloser interface {
-	CloseWrite() error
-}
-
-// join copies st to backend and backend to st until both directions have
-// ended, then closes both. When either side fails (the relay reset the
-// stream: the user went away), the other is closed at once.
-func join(st *mux.Stream, backend net.Conn) {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		_, err := st.WriteTo(backend)
-		if err != nil {
-			backend.Close()
-			return
-		}
-		if hc, ok := backend.(halfCloser); ok {
-			hc.CloseWrite()
-		}
-	})
-	buf := copyBuffers.Get().(*[32 << 10]byte)
-	_, err := io.CopyBuffer(st, onlyReader{backend}, buf[:])
-	copyBuffers.Put(buf)
-	if err != nil {
-		st.Reset(mux.CodeCancel)
-		backend.Close()
-	} else {
-		st.CloseWrite()
-	}
-	wg.Wait()
-	backend.Close()
-	st.Close()
-}
-
-// onlyReader hides a connection's WriteTo, so that io.CopyBuffer reads
-// into the given buffer and writes to the stream.
-type onlyReader struct{ io.Reader }
 
 // tunnelVersion returns the newest tunnel version the agent offers.
 func (c *Config) tunnelVersion() int {

@@ -60,7 +60,7 @@ func (a *Agent) runNative(ctx context.Context) error {
 		wc := &watchedConn{Conn: conn}
 		up := time.Now()
 		if version == tunnel.V2 {
-			a.serveStreams(ctx, wc)
+			tunnel.ServeStreams(ctx, wc, a.cfg.Liveness, a.dialStream)
 		} else {
 			tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
 		}

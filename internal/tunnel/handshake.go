@@ -8,8 +8,16 @@
 // as a marked stream whose request and response bodies are the two directions
 // of the raw byte stream.
 //
+// Version 2 (switchboard-tunnel/2, see docs/design/tunnel-v2.md) replaces
+// HTTP/2 by the streams of package mux: the relay opens a stream naming one
+// of the services the agent announced in its handshake, the agent dials it
+// and copies bytes (ServeStreams), and the relay speaks HTTP over the
+// stream with net/http's client, pooled with keep-alive. The handshake is
+// versioned: relays take both versions, and an agent falls back to version
+// 1 against a relay that knows only it.
+//
 // This package holds both ends: the handshake (Dial for agents, Accept for
-// relays), the relay's sessions and pool, and the agent's serving loop.
+// relays), the relay's sessions and pool, and the agent's serving loops.
 package tunnel
 
 import (

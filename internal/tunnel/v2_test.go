@@ -10,54 +10,38 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
-// streamAgent is a bare version 2 agent: it dials addr for every stream
-// naming service.Default and copies bytes; other names are reset with
-// CodeUnknownService.
+// streamAgent serves a version 2 tunnel on conn as an agent whose service
+// service.Default is at addr, until the test ends.
 func streamAgent(t *testing.T, conn net.Conn, addr string) {
 	t.Helper()
-	ms := mux.New(conn, mux.Config{Client: true})
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		ms.Close()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			st, err := ms.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				if string(st.Meta()) != service.Default {
-					st.Reset(CodeUnknownService)
-					return
-				}
-				b, err := net.Dial("tcp", addr)
-				if err != nil {
-					st.Reset(CodeServiceRefused)
-					return
-				}
-				var cw sync.WaitGroup
-				cw.Go(func() {
-					st.WriteTo(b)
-					b.(*net.TCPConn).CloseWrite()
-				})
-				io.Copy(st, b)
-				st.CloseWrite()
-				cw.Wait()
-				b.Close()
-				st.Close()
-			})
+	serveAgent(t, conn, func(ctx context.Context, name string) (net.Conn, error) {
+		if name != service.Default {
+			return nil, service.ErrUnknown
 		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	})
+}
+
+// serveAgent runs ServeStreams on conn with dial until the test ends.
+func serveAgent(t *testing.T, conn net.Conn, dial DialService) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ServeStreams(ctx, conn, Liveness{}, dial)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
 	})
 }
 
@@ -132,16 +116,22 @@ func TestV2RefusesBadAnnouncement(t *testing.T) {
 	}
 }
 
-// v2Session dials a version 2 tunnel from a bare agent serving backend
-// and returns the relay's pool once the session has joined.
+// v2Session dials a version 2 tunnel from an agent serving backend and
+// returns the relay's pool once the session has joined.
 func v2Session(t *testing.T, backend string, services ...service.Service) *Pool {
+	t.Helper()
+	return v2SessionDial(t, func(conn net.Conn) { streamAgent(t, conn, backend) }, services...)
+}
+
+// v2SessionDial is v2Session with the agent's serving given.
+func v2SessionDial(t *testing.T, serve func(net.Conn), services ...service.Service) *Pool {
 	t.Helper()
 	pool, u := relayV2(t, false)
 	conn, err := Dial(context.Background(), DialConfig{Relay: u, Device: "dev", Version: V2, Services: announce(t, services...)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	streamAgent(t, conn, backend)
+	serve(conn)
 	testkit.Eventually(t, 5*time.Second, func() error {
 		if !pool.Has("dev") {
 			return errors.New("no session yet")
@@ -231,6 +221,15 @@ func TestV2ServiceErrors(t *testing.T) {
 	var se *ServiceError
 	if !errors.As(err, &se) || se.Code != CodeServiceRefused || se.HTTPStatus() != http.StatusBadGateway {
 		t.Fatalf("got %v, want a refused *ServiceError", err)
+	}
+
+	// An agent that does not know the name: it has lost its service.
+	pool = v2SessionDial(t, func(conn net.Conn) {
+		serveAgent(t, conn, func(context.Context, string) (net.Conn, error) { return nil, service.ErrUnknown })
+	}, service.Service{Name: service.Default, Kind: service.HTTP, Addr: closed})
+	_, err = pool.RoundTrip(req)
+	if !errors.As(err, &se) || se.Code != CodeUnknownService {
+		t.Fatalf("got %v, want an unknown-service *ServiceError", err)
 	}
 
 	pool = v2Session(t, closed, service.Service{Name: "ssh", Kind: service.TCP, Addr: closed})
