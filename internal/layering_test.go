@@ -17,9 +17,10 @@ const module = "github.com/switchboard-relay/switchboard/internal/"
 // import packages of lower layers only; a new package must be placed here.
 var layers = [][]string{
 	// Pure policy, protocol and plumbing: no Switchboard package below.
-	{"backoff", "ranking", "secret", "wire", "mux", "service", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
-	// State and the halves of the protocols.
-	{"auth", "peer", "broker", "fleet"},
+	{"backoff", "ranking", "secret", "wire", "mux", "service", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
+	// State and the halves of the protocols; replay reads the errors of
+	// the HTTP libraries and of mux.
+	{"auth", "peer", "broker", "fleet", "replay"},
 	{"access", "longpoll", "tunnel", "auth/authtest"},
 	// The parts a relay and an agent are made of.
 	{"relay", "router", "agent", "control"},

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/mux"
@@ -75,6 +76,12 @@ const MaxWindow = 4 << 20
 // short enough not to hold the backend's connections for nothing.
 const streamIdleTimeout = 30 * time.Second
 
+// maxIdleStreams is how many idle pooled HTTP connections one session
+// keeps for reuse: generous for bursts, each costing about 10 KiB on the
+// relay (its stream and net/http's buffers) and a connection to the
+// service on the agent.
+const maxIdleStreams = 256
+
 func newMuxCarrier(device string, ms *mux.Session, services map[string]service.Announced) *muxCarrier {
 	c := &muxCarrier{device: device, ms: ms}
 	c.svc, c.ok = services[service.Default]
@@ -92,12 +99,12 @@ func (c *muxCarrier) transport(h2c bool) *http.Transport {
 	t := &http.Transport{
 		DialContext:         c.dial,
 		MaxIdleConns:        0, // no cap: the per-host one bounds it
-		MaxIdleConnsPerHost: 1024,
+		MaxIdleConnsPerHost: maxIdleStreams,
 		IdleConnTimeout:     streamIdleTimeout,
 		DisableCompression:  true, // the backend's encoding passes through untouched
-		WriteBufferSize:     32 << 10,
-		ReadBufferSize:      32 << 10,
 		Protocols:           new(http.Protocols),
+		// The default 4 KiB buffers: a pooled idle connection holds them
+		// for its life, and large bodies bypass them anyway.
 	}
 	if h2c {
 		t.Protocols.SetUnencryptedHTTP2(true)
@@ -114,7 +121,33 @@ func (c *muxCarrier) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	if err != nil {
 		return nil, &mux.OpenError{Err: err}
 	}
-	return st, nil
+	return &clientStream{Stream: st}, nil
+}
+
+// clientStream is a stream as net/http's client holds it. Closing it
+// before its sending side was half-closed abandons it (a reset): net/http
+// closes a connection when it is done with it or gives up on it (the user
+// went away), and the reset makes the agent close its connection to the
+// service at once, where a half-close would leave it waiting on a service
+// that ignores one. After a half-close (an upgraded stream's end), Close
+// is the stream's own, delivering what was written.
+type clientStream struct {
+	*mux.Stream
+	halfClosed atomic.Bool
+}
+
+// CloseWrite half-closes the stream.
+func (s *clientStream) CloseWrite() error {
+	s.halfClosed.Store(true)
+	return s.Stream.CloseWrite()
+}
+
+// Close resets the stream, or closes it after a half-close.
+func (s *clientStream) Close() error {
+	if s.halfClosed.Load() {
+		return s.Stream.Close()
+	}
+	return s.Stream.Reset(mux.CodeCancel)
 }
 
 func (c *muxCarrier) roundTrip(req *http.Request) (*http.Response, error) {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -275,5 +276,71 @@ func TestV2DeviceCap(t *testing.T) {
 	}
 	if !strings.Contains(be.Error(), "257 requests in flight") {
 		t.Fatalf("message %q", be.Error())
+	}
+}
+
+// closeRecorder records that the agent closed its connection to the
+// service, not just half-closed it.
+type closeRecorder struct {
+	*net.TCPConn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *closeRecorder) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.TCPConn.Close()
+}
+
+// TestV2CancelClosesService: a user who goes away makes the agent close
+// its connection to the service at once, even one that stays silent and
+// ignores the half-close.
+func TestV2CancelClosesService(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	got := make(chan struct{})
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		http.ReadRequest(bufio.NewReader(c))
+		close(got)
+		io.Copy(io.Discard, c) // silent: never answers, ignores EOF
+		<-t.Context().Done()
+	}()
+	addr := lis.Addr().String()
+	rec := &closeRecorder{closed: make(chan struct{})}
+	pool := v2SessionDial(t, func(conn net.Conn) {
+		serveAgent(t, conn, func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			rec.TCPConn = c.(*net.TCPConn)
+			return rec, nil
+		})
+	}, service.Service{Name: service.Default, Kind: service.HTTP, Addr: addr})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://dev/", nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := pool.RoundTrip(req)
+		errc <- err
+	}()
+	<-got
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("round trip: %v, want context.Canceled", err)
+	}
+	select {
+	case <-rec.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the agent kept its connection to the service after the user went away")
 	}
 }
