@@ -66,10 +66,13 @@ type muxCarrier struct {
 }
 
 // MaxWindow bounds a version 2 stream's receive window, at both ends: the
-// most one stream buffers for a reader that does not keep up. 4 MiB is
-// over twice the bandwidth-delay product of 100 Mbit/s × 100 ms, so that
-// one stream fills such a link, and keeps a slow reader's cost bounded.
-const MaxWindow = 4 << 20
+// most one stream buffers for a reader that does not keep up. 2 MiB is
+// 1.7 times the bandwidth-delay product of 100 Mbit/s × 100 ms (1.25 MB),
+// so that one stream fills such a link, and keeps a slow reader's cost
+// bounded: with 4 MiB, a streamed upload held about twice the memory of
+// version 1's (TestNativeStreamedUploadHoldsLittle under -race: 16–25 MiB
+// against 10–14), with 2 MiB as much (11–15).
+const MaxWindow = 2 << 20
 
 // streamIdleTimeout is how long an idle pooled HTTP connection to an
 // agent's service stays open: long enough to be reused by the next burst,
