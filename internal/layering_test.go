@@ -20,9 +20,10 @@ var layers = [][]string{
 	// errors are told.
 	{"config", "httperr", "logkey"},
 	// Pure policy, protocol and plumbing: nothing below but the shared.
-	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "limit", "replay", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
-	// State and the halves of the protocols.
-	{"auth", "peer", "broker", "fleet"},
+	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
+	// State and the halves of the protocols; replay reads the errors of
+	// the HTTP libraries and of mux.
+	{"auth", "peer", "broker", "fleet", "replay"},
 	{"access", "longpoll", "tunnel", "auth/authtest", "fleetsecret", "topic", "connect"},
 	// The parts a relay and an agent are made of.
 	{"relay", "router", "agent", "control", "ports"},

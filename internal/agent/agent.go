@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/service"
 )
 
 // ErrUnauthorized is returned by Run when the relay refuses the agent's
@@ -29,6 +31,9 @@ type Agent struct {
 	relay    *http.Client // to the relay
 	wsClient *http.Client // to the relay, for the websocket tunnel: redirects are the agent's to follow
 	backend  *http.Client // to the local service
+
+	byName   map[string]service.Service // the services by name
+	announce string                     // what a version 2 relay learns of them
 
 	mu    sync.Mutex // guards state
 	state string     // last logged connection state
@@ -47,7 +52,21 @@ func New(cfg Config) (*Agent, error) {
 	if len(cfg.BroadcastPaths) > 0 {
 		backend = &broadcastMarker{next: backend, prefix: strings.TrimSuffix(cfg.Backend.Path, "/"), paths: cfg.BroadcastPaths}
 	}
+	services, err := cfg.services()
+	if err != nil {
+		return nil, err
+	}
+	announce, err := service.Announce(services, cfg.PreserveHost)
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]service.Service, len(services))
+	for _, sv := range services {
+		byName[sv.Name] = sv
+	}
 	return &Agent{
+		byName:   byName,
+		announce: announce,
 		cfg:      cfg,
 		instance: hex.EncodeToString(id[:]),
 		relay:    &http.Client{Transport: relayTransport},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/config"
+	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -76,6 +77,14 @@ type Config struct {
 	WebSocket bool
 	// Liveness sets the native tunnel's pings; see tunnel.Liveness.
 	Liveness tunnel.Liveness
+	// Services are the agent's services besides the one Backend gives
+	// (named service.Default), announced to a version 2 relay; the relay
+	// may open streams to these and nothing else. Default none.
+	Services []service.Service
+	// TunnelVersion is the newest native tunnel version to offer:
+	// tunnel.V2 (the default), which falls back to tunnel.V1 against a
+	// relay that lacks it, or tunnel.V1 alone.
+	TunnelVersion int
 	// MaxChunkSize caps the response bytes posted per chunk. Default 1 MiB.
 	MaxChunkSize int
 	// BlockSize is the read size from the backend. Default 64 KiB.
@@ -156,6 +165,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, config.Invalid(component, "BackendH2C", func(name func(string) string) string {
 			return "needs an http:// " + name("Backend") + " URL: h2c is HTTP/2 without TLS"
 		}))
+	}
+	if err := checkServices(c); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Protocol != ProtocolLongPoll && c.Protocol != ProtocolNative {
 		errs = append(errs, invalidf("Protocol", "%q is unknown: use %q or %q", c.Protocol, ProtocolNative, ProtocolLongPoll))

@@ -28,7 +28,7 @@ func (a *Agent) runNative(ctx context.Context) error {
 	w := newWalker(a.cfg.Relays)
 	for ctx.Err() == nil {
 		c, extra := w.target()
-		conn, placed, err := a.dialTunnel(ctx, c, extra)
+		conn, placed, version, err := a.dialTunnel(ctx, c, extra)
 		if re, ok := tunnel.IsRedirect(err); ok {
 			if w.redirected(re) {
 				a.cfg.Logger.Debug("sent to the relay that holds the device", logkey.Relay, re.Location.Redacted(), logkey.Holder, re.Holder)
@@ -57,10 +57,14 @@ func (a *Agent) runNative(ctx context.Context) error {
 		}
 		bo.Up(time.Now())
 		w.connected(c, placed)
-		a.setState("connected", logkey.Relay, c.url.Redacted(), logkey.RelayID, placed.RelayID, logkey.Protocol, ProtocolNative)
+		a.setState("connected", logkey.Relay, c.url.Redacted(), logkey.RelayID, placed.RelayID, logkey.Protocol, ProtocolNative, logkey.TunnelVersion, version)
 		wc := &watchedConn{Conn: conn}
 		up := time.Now()
-		tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
+		if version == tunnel.V2 {
+			tunnel.ServeStreams(ctx, wc, a.cfg.Liveness, a.dialStream)
+		} else {
+			tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -80,8 +84,26 @@ func (a *Agent) runNative(ctx context.Context) error {
 }
 
 // dialTunnel opens a tunnel to the relay c, by HTTP/1.1 Upgrade or
-// WebSocket, and returns what the relay said of its place in the fleet.
-func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) (net.Conn, tunnel.Placed, error) {
+// WebSocket, and returns what the relay said of its place in the fleet and
+// the tunnel's version. It offers the newest version it may; a relay that
+// knows only version 1 refuses that offer, and it asks again at once for
+// version 1 alone.
+func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) (net.Conn, tunnel.Placed, int, error) {
+	version := a.cfg.tunnelVersion()
+	conn, placed, err := a.dialVersion(ctx, c, extra, version)
+	if version == tunnel.V2 && errors.Is(err, tunnel.ErrNotSupported) && !a.cfg.WebSocket {
+		a.cfg.Logger.Debug("relay lacks tunnel version 2: asking for version 1", "relay", c.url.Redacted(), "reason", err)
+		version = tunnel.V1
+		conn, placed, err = a.dialVersion(ctx, c, extra, version)
+	}
+	if err != nil {
+		return nil, tunnel.Placed{}, 0, err
+	}
+	return conn, placed, tunnel.VersionOf(conn), nil
+}
+
+// dialVersion is dialTunnel offering version.
+func (a *Agent) dialVersion(ctx context.Context, c candidate, extra http.Header, version int) (net.Conn, tunnel.Placed, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	header := http.Header{wire.InstanceHeader: {a.instance}}
@@ -96,6 +118,7 @@ func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) 
 		conn, err := tunnel.Dial(dctx, tunnel.DialConfig{
 			Relay: relay, Device: a.cfg.Device, Token: a.cfg.Token,
 			Instance: a.instance, TLS: a.cfg.tlsConfig(),
+			Version: version, Services: a.announce,
 		}, header)
 		if err != nil {
 			return nil, tunnel.Placed{}, err
@@ -108,6 +131,10 @@ func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) 
 	u.RawQuery = url.Values{"device": {a.cfg.Device}}.Encode()
 	if a.cfg.Token != "" {
 		header.Set("Authorization", "Bearer "+a.cfg.Token)
+	}
+	if version == tunnel.V2 {
+		header.Set(tunnel.VersionHeader, tunnel.ProtocolV2)
+		header.Set(tunnel.ServicesHeader, a.announce)
 	}
 	ws, resp, err := websocket.Dial(dctx, u.String(), &websocket.DialOptions{HTTPClient: a.wsClient, HTTPHeader: header})
 	if err != nil {
@@ -122,7 +149,11 @@ func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) 
 		}
 		return nil, tunnel.Placed{}, err
 	}
-	return websocket.NetConn(context.Background(), ws, websocket.MessageBinary), tunnel.PlacedFromHeader(resp.Header), nil
+	conn := websocket.NetConn(context.Background(), ws, websocket.MessageBinary)
+	if strings.EqualFold(resp.Header.Get(tunnel.VersionHeader), tunnel.ProtocolV2) {
+		conn = tunnel.WithVersion(conn, tunnel.V2)
+	}
+	return conn, tunnel.PlacedFromHeader(resp.Header), nil
 }
 
 // prefixed returns relay with the relay prefix appended to its path.

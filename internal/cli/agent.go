@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
+	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
@@ -21,9 +22,10 @@ import (
 type agentFlags struct {
 	relays, device, backend, token, tokenFile, protocol, prefix, rootCA, backendCA string
 	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket                  bool
-	maxChunk, blockSize, pending                                                   int
+	maxChunk, blockSize, pending, tunnelVersion                                    int
 	liveness                                                                       tunnel.Liveness
 	broadcast                                                                      []string
+	services                                                                       []service.Service
 
 	// The reference agent's names, used when ours are not given.
 	relayScheme, relayAddress, backendScheme, backendAddress, backendPath string
@@ -42,6 +44,15 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&f.token, "token", "", "the agent `token` (prefer --token-file or SWITCHBOARD_TOKEN: flags show in ps)")
 	fs.StringVar(&f.protocol, "protocol", agent.DefaultProtocol, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
+	fs.Func("service", "another service the relay may reach on the device, as `NAME=URL` (ssh=tcp://127.0.0.1:22, db=tls://db.local:5432, grpc=h2c://127.0.0.1:50051); repeatable", func(v string) error {
+		sv, err := service.Parse(v)
+		if err != nil {
+			return err
+		}
+		f.services = append(f.services, sv)
+		return nil
+	})
+	fs.IntVar(&f.tunnelVersion, "tunnel-version", tunnel.V2, "newest native tunnel `version` to offer: 2 (falls back to 1 against a relay without it) or 1")
 	fs.BoolVar(&f.websocket, "websocket", false, "carry the native tunnel in a WebSocket (for paths that pass only websockets)")
 	fs.StringVar(&f.prefix, "relay-prefix", "", "`path` put before the agent endpoints, for an ingress that routes by prefix")
 	fs.StringVar(&f.rootCA, "ca-file", "", "PEM `file` of the CAs that sign the relays' certificates (https:// relays); empty = the system roots")
@@ -82,6 +93,8 @@ func (f *agentFlags) config() (agent.Config, error) {
 		Protocol:           f.protocol,
 		WebSocket:          f.websocket,
 		Liveness:           f.liveness,
+		Services:           f.services,
+		TunnelVersion:      f.tunnelVersion,
 		RelayPrefix:        f.prefix,
 		MaxChunkSize:       f.maxChunk,
 		BlockSize:          f.blockSize,

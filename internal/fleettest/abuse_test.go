@@ -22,7 +22,7 @@ import (
 
 // Limits of the relay in TestAbuse.
 const (
-	abuseStreams       = 2                      // --max-streams-per-agent
+	abuseStreams       = 2                      // --max-streams-per-agent and --max-streams-per-device
 	abuseIdle          = 800 * time.Millisecond // --idle-stream-timeout
 	abuseHeaderTimeout = 300 * time.Millisecond // the listeners' ReadHeaderTimeout
 	abusePollWait      = 3 * abuseIdle          // long polls wait past the idle timeout
@@ -105,6 +105,7 @@ func newAbuseEnv(t *testing.T) *abuseEnv {
 
 	e.relay = StartRelay(t, func(c *node.Config) {
 		c.MaxStreamsPerAgent = abuseStreams
+		c.MaxStreamsPerDevice = abuseStreams
 		c.IdleStreamTimeout = abuseIdle
 		c.ReadHeaderTimeout = abuseHeaderTimeout
 		c.Broker.PollWait = abusePollWait
@@ -355,7 +356,7 @@ func TestAbuse(t *testing.T) {
 		within     time.Duration // the answer comes within; 0 means 10 s
 	}{
 		{name: "native agent at its stream cap", status: 503, retryAfter: true,
-			words: []string{`device "abuse" is busy`, "its agent has 2 requests in flight", "try again shortly"},
+			words: []string{`device "abuse" is busy`, "it has 2 requests in flight", "try again shortly"},
 			send:  e.atCap},
 		{name: "body stalls (HTTP/1.1)", status: 408, atLeast: abuseIdle, within: abuseIdle + 10*time.Second,
 			words: []string{"no byte of the request body arrived for " + abuseIdle.String()},

@@ -39,15 +39,17 @@ func BenchmarkSmallGET(b *testing.B) {
 	b.Run("direct", func(b *testing.B) {
 		get(b, NewClient(b, true), backend.URL+"/small")
 	})
-	b.Run("native", func(b *testing.B) {
-		r := StartRelay(b)
-		StartAgent(b, r, "dev", backend.URL, r.Token(b, auth.KindAgent, "agent", "dev"), protocol(agent.ProtocolNative))
-		r.WaitDevice(b, "dev")
-		user := r.Token(b, auth.KindUser, "user")
-		c := NewClient(b, true)
-		c.Transport = &bearer{token: user, next: c.Transport}
-		get(b, c, r.URL+"/client/dev/small")
-	})
+	for _, proto := range []string{agent.ProtocolNative, protocolNativeV1} {
+		b.Run(proto, func(b *testing.B) {
+			r := StartRelay(b)
+			StartAgent(b, r, "dev", backend.URL, r.Token(b, auth.KindAgent, "agent", "dev"), protocol(proto))
+			r.WaitDevice(b, "dev")
+			user := r.Token(b, auth.KindUser, "user")
+			c := NewClient(b, true)
+			c.Transport = &bearer{token: user, next: c.Transport}
+			get(b, c, r.URL+"/client/dev/small")
+		})
+	}
 }
 
 // bearer adds a bearer token to every request.

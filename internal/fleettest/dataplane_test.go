@@ -16,10 +16,16 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
-// protocols are the agent protocols every data-plane test runs with.
-var protocols = []string{agent.ProtocolLongPoll, agent.ProtocolNative}
+// protocolNativeV1 is the native protocol offering the tunnel's first
+// version alone, as an agent from before version 2 does.
+const protocolNativeV1 = "native-v1"
+
+// protocols are the agent protocols every data-plane test runs with: the
+// long-poll protocol, the native tunnel (version 2) and its version 1.
+var protocols = []string{agent.ProtocolLongPoll, agent.ProtocolNative, protocolNativeV1}
 
 // forEachProtocol runs f as a subtest per agent protocol.
 func forEachProtocol(t *testing.T, f func(t *testing.T, proto string)) {
@@ -28,10 +34,19 @@ func forEachProtocol(t *testing.T, f func(t *testing.T, proto string)) {
 	}
 }
 
-// protocol sets the agent's protocol.
+// protocol sets the agent's protocol, one of protocols.
 func protocol(p string) func(*agent.Config) {
-	return func(c *agent.Config) { c.Protocol = p }
+	return func(c *agent.Config) {
+		if p == protocolNativeV1 {
+			c.Protocol, c.TunnelVersion = agent.ProtocolNative, tunnel.V1
+			return
+		}
+		c.Protocol = p
+	}
 }
+
+// isNative reports whether p, one of protocols, is a native tunnel.
+func isNative(p string) bool { return p != agent.ProtocolLongPoll }
 
 // setup starts a relay, a backend and an agent speaking proto for device
 // "dev", and returns the relay, the backend and a user token for "dev".

@@ -9,32 +9,33 @@ package logkey
 
 // What a line is about.
 const (
-	Device    = "device"     // a device's name
-	Relay     = "relay"      // a relay's URL, as an agent dials it
-	RelayID   = "relay_id"   // a relay's id, rl-<8 hex>
-	Holder    = "holder"     // the id of the relay that holds a device
-	By        = "by"         // the id of the relay that asked for what is logged
-	Instance  = "instance"   // an agent process's id
-	RequestID = "request_id" // a user request's id
-	TokenID   = "token_id"   // a credential's id
-	TokenIDs  = "token_ids"  // credentials' ids
-	Component = "component"  // the part of the relay that logs
-	Name      = "name"       // a name the line is about, e.g. the relay's
-	Path      = "path"       // a file's path
-	Type      = "type"       // an event's type
-	Step      = "step"       // a step of an operation, e.g. a rotation
-	Remote    = "remote"     // the address of the client that asked
-	Signal    = "signal"     // a signal received
-	Version   = "version"    // the build's version
-	Protocol  = "protocol"   // the protocol an agent speaks
-	Source    = "source"     // the address a user's connection comes from
-	Target    = "target"     // a device's service, DEVICE/SERVICE
-	Port      = "port"       // a mapped port
-	Network   = "network"    // tcp or udp
-	Topic     = "topic"      // a broadcast topic's name
-	Mode      = "mode"       // how a topic connection takes part: read, write
-	Peer      = "peer"       // whether a topic connection is another relay's
-	Relays    = "relays"     // relays' ids
+	Device        = "device"         // a device's name
+	Relay         = "relay"          // a relay's URL, as an agent dials it
+	RelayID       = "relay_id"       // a relay's id, rl-<8 hex>
+	Holder        = "holder"         // the id of the relay that holds a device
+	By            = "by"             // the id of the relay that asked for what is logged
+	Instance      = "instance"       // an agent process's id
+	RequestID     = "request_id"     // a user request's id
+	TokenID       = "token_id"       // a credential's id
+	TokenIDs      = "token_ids"      // credentials' ids
+	Component     = "component"      // the part of the relay that logs
+	Name          = "name"           // a name the line is about, e.g. the relay's
+	Path          = "path"           // a file's path
+	Type          = "type"           // an event's type
+	Step          = "step"           // a step of an operation, e.g. a rotation
+	Remote        = "remote"         // the address of the client that asked
+	Signal        = "signal"         // a signal received
+	Version       = "version"        // the build's version
+	Protocol      = "protocol"       // the protocol an agent speaks
+	TunnelVersion = "tunnel_version" // the native tunnel's version, 1 or 2
+	Source        = "source"         // the address a user's connection comes from
+	Target        = "target"         // a device's service, DEVICE/SERVICE
+	Port          = "port"           // a mapped port
+	Network       = "network"        // tcp or udp
+	Topic         = "topic"          // a broadcast topic's name
+	Mode          = "mode"           // how a topic connection takes part: read, write
+	Peer          = "peer"           // whether a topic connection is another relay's
+	Relays        = "relays"         // relays' ids
 )
 
 // Why, how long and how many.

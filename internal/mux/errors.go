@@ -64,3 +64,12 @@ var (
 	// ids can name; open a new session.
 	ErrStreamsExhausted = errors.New("mux: stream ids exhausted")
 )
+
+// OpenError is a failure to open a stream (Session.Open): nothing of it
+// reached the peer, so opening it again, on another session, is safe.
+type OpenError struct{ Err error }
+
+func (e *OpenError) Error() string { return "mux: open a stream: " + e.Err.Error() }
+
+// Unwrap returns why the stream could not open.
+func (e *OpenError) Unwrap() error { return e.Err }

@@ -160,6 +160,13 @@ type Config struct {
 	// advertise 256). When every agent of a device is at its cap, users get
 	// 503 with Retry-After at once instead of a queue. Default 256.
 	MaxStreamsPerAgent int
+	// MaxStreamsPerDevice caps the requests one device's version 2 agents
+	// are sent at once, all together (version 2 has no cap per agent);
+	// beyond it users get 503 with Retry-After at once. Default 10,000.
+	MaxStreamsPerDevice int
+	// TunnelV1Only makes the relay take only version 1 tunnels, as a relay
+	// from before version 2 did: for tests of mixed fleets. Default off.
+	TunnelV1Only bool
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration
@@ -217,6 +224,9 @@ func (c *Config) Complete() {
 	if c.MaxStreamsPerAgent == 0 {
 		c.MaxStreamsPerAgent = DefaultMaxStreamsPerAgent
 	}
+	if c.MaxStreamsPerDevice == 0 {
+		c.MaxStreamsPerDevice = tunnel.DefaultMaxDeviceStreams
+	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
@@ -266,6 +276,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxStreamsPerAgent < 0 {
 		errs = append(errs, invalidf("MaxStreamsPerAgent", "%d: give a positive number of requests (default %d)", c.MaxStreamsPerAgent, DefaultMaxStreamsPerAgent))
+	}
+	if c.MaxStreamsPerDevice < 0 {
+		errs = append(errs, fmt.Errorf("--max-streams-per-device %d: give a positive number of requests (default %d)", c.MaxStreamsPerDevice, tunnel.DefaultMaxDeviceStreams))
 	}
 	if len(c.NATS) > 0 && c.NATSListen != "" {
 		errs = append(errs, config.Invalid(component, "NATSListen", func(name func(string) string) string {

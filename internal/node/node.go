@@ -135,6 +135,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.tunnels = tunnel.NewPool(cfg.Liveness, n.log)
 	n.tunnels.MaxStreams = cfg.MaxStreamsPerAgent
+	n.tunnels.MaxDeviceStreams = cfg.MaxStreamsPerDevice
 	n.tunnels.RegisterMetrics(n.registry)
 	if err := n.openTopics(); err != nil { // before the fleet, whose cancels reach them
 		return nil, err
@@ -252,7 +253,7 @@ func (n *Node) buildServers() {
 		Transport:     users,
 		VerifyPeer:    n.verifyPeer,
 		Agents:        agents,
-		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, Logger: n.log},
+		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, V1Only: n.cfg.TunnelV1Only, Logger: n.log},
 		AuthorizeUser: n.authorizeUser,
 		Ready:         func() bool { return n.ready.Load() && !n.draining() },
 		StallTimeout:  n.cfg.IdleStreamTimeout,
@@ -468,3 +469,7 @@ func (n *Node) TunnelConnects() int64 { return n.tunnels.Connects() }
 
 // TunnelSessions returns how many native tunnels are connected.
 func (n *Node) TunnelSessions() int { return n.tunnels.Sessions() }
+
+// TunnelVersions returns the tunnel versions of device's native agents on
+// this relay.
+func (n *Node) TunnelVersions(device string) []int { return n.tunnels.Versions(device) }

@@ -26,6 +26,8 @@ import (
 	"syscall"
 
 	"golang.org/x/net/http2"
+
+	"github.com/switchboard-relay/switchboard/internal/mux"
 )
 
 // Failure says how far a request got before its round trip failed.
@@ -71,6 +73,9 @@ func Classify(err error) Failure {
 	if f := libraryFailure(err); f != Other {
 		return f
 	}
+	if f := muxFailure(err); f != Other {
+		return f
+	}
 	if errors.Is(err, http2.ErrNoCachedConn) {
 		return Unopened
 	}
@@ -92,6 +97,29 @@ func Classify(err error) Failure {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, syscall.ETIMEDOUT) {
+		return Lost
+	}
+	return Other
+}
+
+// muxFailure classifies the errors of the tunnel's multiplexer (package
+// mux), which carries version 2 tunnels.
+func muxFailure(err error) Failure {
+	var oe *mux.OpenError
+	if errors.As(err, &oe) || errors.Is(err, mux.ErrGoAway) || errors.Is(err, mux.ErrStreamsExhausted) {
+		return Unopened // the stream never reached the peer
+	}
+	var re *mux.ResetError
+	if errors.As(err, &re) {
+		switch {
+		case re.Refused():
+			return Unopened // the peer did not process it
+		case re.Remote:
+			return Reset
+		}
+		return Other // this end gave up on it
+	}
+	if errors.Is(err, mux.ErrSessionClosed) || errors.Is(err, mux.ErrTimeout) {
 		return Lost
 	}
 	return Other

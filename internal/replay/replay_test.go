@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http2"
+
+	"github.com/switchboard-relay/switchboard/internal/mux"
 )
 
 // TestClassify reads failures as the transports report them, wrapped as
@@ -55,6 +57,16 @@ func TestClassify(t *testing.T) {
 
 		{"a stream reset by the peer", http2.StreamError{StreamID: 3, Code: http2.ErrCodeInternal}, Reset},
 		{"a cancelled stream", fmt.Errorf("relay x: %w", http2.StreamError{StreamID: 3, Code: http2.ErrCodeCancel}), Reset},
+
+		// Version 2 tunnels: package mux's errors, as net/http wraps them.
+		{"a stream that could not open", fmt.Errorf("dial: %w", &mux.OpenError{Err: mux.ErrSessionClosed}), Unopened},
+		{"a stream that could not open, the user gone", &mux.OpenError{Err: context.Canceled}, Other},
+		{"a session that drains", mux.ErrGoAway, Unopened},
+		{"a stream the agent refused", fmt.Errorf("readLoopPeekFailLocked: %w", &mux.ResetError{Code: mux.CodeRefused, Remote: true}), Unopened},
+		{"a stream the agent reset", &mux.ResetError{Code: mux.CodeApplication + 7, Remote: true}, Reset},
+		{"a stream this end reset", &mux.ResetError{Code: mux.CodeCancel}, Other},
+		{"a session that died under the stream", fmt.Errorf("readLoopPeekFailLocked: %w", mux.ErrSessionClosed), Lost},
+		{"a silent agent", mux.ErrTimeout, Lost},
 	} {
 		if got := Classify(c.err); got != c.want {
 			t.Errorf("%s (%v): %v, want %v", c.name, c.err, got, c.want)

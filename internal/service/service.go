@@ -47,6 +47,9 @@ type Service struct {
 	H2C bool
 	// Path is put before every HTTP request's path (the URL's path).
 	Path string
+	// Broadcast lists the paths (as users see them) whose GETs every
+	// viewer shares: the relay fetches each once and fans it out.
+	Broadcast []string
 }
 
 // Parse reads NAME=URL.
@@ -136,6 +139,8 @@ type Announced struct {
 	// Host, if set, is sent in place of the user's Host.
 	Path string `json:"path,omitempty"`
 	Host string `json:"host,omitempty"`
+	// Broadcast, for HTTP, lists the paths whose GETs every viewer shares.
+	Broadcast []string `json:"broadcast,omitempty"`
 }
 
 // Limits of an announcement, so that a relay reads it in bounded memory.
@@ -153,6 +158,7 @@ func Announce(services []Service, preserveHost bool) (string, error) {
 		a := Announced{Name: sv.Name, Kind: sv.Kind, H2C: sv.H2C}
 		if sv.Kind == HTTP {
 			a.Path = sv.Path
+			a.Broadcast = sv.Broadcast
 			if !preserveHost {
 				a.Host = sv.Addr
 			}
@@ -199,14 +205,22 @@ func check(list []Announced) (map[string]Announced, error) {
 		switch a.Kind {
 		case HTTP:
 		case TCP, UDP:
-			if a.H2C || a.Path != "" || a.Host != "" {
-				return nil, fmt.Errorf("service %s: a %s service has no h2c, path or host", a.Name, a.Kind)
+			if a.H2C || a.Path != "" || a.Host != "" || len(a.Broadcast) > 0 {
+				return nil, fmt.Errorf("service %s: a %s service has no h2c, path, host or broadcast paths", a.Name, a.Kind)
 			}
 		default:
 			return nil, fmt.Errorf("service %s: unknown kind %q", a.Name, a.Kind)
 		}
 		if a.Path != "" && (!strings.HasPrefix(a.Path, "/") || strings.ContainsAny(a.Path, "?#\x00\r\n")) {
 			return nil, fmt.Errorf("service %s: path %q must start with / and hold no query", a.Name, a.Path)
+		}
+		if len(a.Broadcast) > MaxServices {
+			return nil, fmt.Errorf("service %s: %d broadcast paths, over the limit of %d", a.Name, len(a.Broadcast), MaxServices)
+		}
+		for _, b := range a.Broadcast {
+			if !strings.HasPrefix(b, "/") || strings.ContainsAny(b, "?# \x00\r\n") {
+				return nil, fmt.Errorf("service %s: broadcast path %q must start with / and hold no query or spaces", a.Name, b)
+			}
 		}
 		if strings.ContainsAny(a.Host, "/?#@ \x00\r\n") {
 			return nil, fmt.Errorf("service %s: host %q is not a host[:port]", a.Name, a.Host)

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -37,7 +38,7 @@ func TestParse(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got != tc.want {
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("Parse(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
 		}
 	}
@@ -52,6 +53,7 @@ func TestAnnounceRoundTrip(t *testing.T) {
 		}
 		services = append(services, sv)
 	}
+	services[0].Broadcast = []string{"/cam.mjpeg"}
 	v, err := Announce(services, false)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +66,7 @@ func TestAnnounceRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]Announced{
-		"http":  {Name: "http", Kind: HTTP, Path: "/base", Host: "127.0.0.1:3000"},
+		"http":  {Name: "http", Kind: HTTP, Path: "/base", Host: "127.0.0.1:3000", Broadcast: []string{"/cam.mjpeg"}},
 		"grpc":  {Name: "grpc", Kind: HTTP, H2C: true, Host: "127.0.0.1:50051"},
 		"ssh":   {Name: "ssh", Kind: TCP},
 		"voice": {Name: "voice", Kind: UDP},
@@ -73,7 +75,7 @@ func TestAnnounceRoundTrip(t *testing.T) {
 		t.Fatalf("got %v", got)
 	}
 	for name, a := range want {
-		if got[name] != a {
+		if !reflect.DeepEqual(got[name], a) {
 			t.Errorf("%s: got %+v, want %+v", name, got[name], a)
 		}
 	}
@@ -92,6 +94,9 @@ func TestParseAnnouncementRejects(t *testing.T) {
 		`[{"name":"a","kind":"http","path":"x"}]`,
 		`[{"name":"a","kind":"http","host":"h/x"}]`,
 		`[{"name":"A","kind":"http"}]`,
+		`[{"name":"a","kind":"tcp","broadcast":["/x"]}]`,
+		`[{"name":"a","kind":"http","broadcast":["x"]}]`,
+		`[{"name":"a","kind":"http","broadcast":["/x?y"]}]`,
 		"[" + strings.Repeat(`{"name":"a","kind":"tcp"},`, 400) + `{"name":"b","kind":"tcp"}]`,
 	} {
 		if _, err := ParseAnnouncement(v); err == nil {
@@ -111,7 +116,7 @@ func FuzzParseAnnouncement(f *testing.F) {
 		// What it accepts, Announce encodes again to the same.
 		var list []Service
 		for _, a := range got {
-			list = append(list, Service{Name: a.Name, Kind: a.Kind, H2C: a.H2C, Path: a.Path, Addr: a.Host})
+			list = append(list, Service{Name: a.Name, Kind: a.Kind, H2C: a.H2C, Path: a.Path, Addr: a.Host, Broadcast: a.Broadcast})
 		}
 		hostKept := true
 		for _, a := range got {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/switchboard-relay/switchboard/internal/wire"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -23,7 +24,7 @@ const Prefix = "/topic/"
 // BroadcastHeader marks a device's answer to a GET as a stream every
 // viewer shares (an agent's --broadcast-path): the relay fetches it once
 // and fans it out. The relay removes it before the answer reaches a user.
-const BroadcastHeader = "X-Switchboard-Broadcast"
+const BroadcastHeader = wire.BroadcastHeader
 
 // MaxNameLen bounds a topic's name.
 const MaxNameLen = 64

@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/wire"
 )
 
@@ -32,7 +34,11 @@ type Handler struct {
 	Place func(r *http.Request, device string) Placement
 	// Ready reports whether the relay takes new tunnels; nil means always.
 	// A draining relay answers 503 so that the agent dials another.
-	Ready  func() bool
+	Ready func() bool
+	// V1Only makes the endpoint behave as a relay from before version 2:
+	// it takes only "Upgrade: switchboard-tunnel/1" and ignores the
+	// WebSocket offer of version 2. For tests of mixed fleets.
+	V1Only bool
 	Logger *slog.Logger
 }
 
@@ -82,29 +88,68 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.URL.Path == WebSocketPath:
 		h.acceptWebSocket(w, r, device, agentID, instance)
-	case IsHandshake(r):
-		conn, err := AcceptPlaced(w, r, place)
+	case IsHandshake(r) && !(h.V1Only && !strings.EqualFold(r.Header.Get("Upgrade"), Protocol)):
+		version := Offered(r)
+		if h.V1Only {
+			version = V1
+		}
+		services, err := h.services(r, version)
+		if err != nil {
+			textError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		conn, err := acceptVersion(w, place, version)
 		if err != nil {
 			h.log().Warn("tunnel handshake failed", logkey.Device, device, logkey.Err, err)
 			return
 		}
-		h.add(conn, device, agentID, instance)
+		h.add(conn, device, agentID, instance, version, services)
 	default:
 		textError(w, http.StatusBadRequest, fmt.Sprintf("a tunnel opens with 'Connection: Upgrade' and 'Upgrade: %s', or as a websocket on %s", Protocol, WebSocketPath))
 	}
 }
 
 func (h *Handler) acceptWebSocket(w http.ResponseWriter, r *http.Request, device, agentID, instance string) {
+	version := V1
+	if !h.V1Only && strings.EqualFold(r.Header.Get(VersionHeader), ProtocolV2) {
+		version = V2
+	}
+	services, err := h.services(r, version)
+	if err != nil {
+		textError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if version == V2 {
+		w.Header().Set(VersionHeader, ProtocolV2)
+	}
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
 		return // Accept has answered
 	}
 	conn := websocket.NetConn(context.Background(), c, websocket.MessageBinary)
-	h.add(conn, device, agentID, instance)
+	h.add(conn, device, agentID, instance, version, services)
 }
 
-func (h *Handler) add(conn net.Conn, device, agentID, instance string) {
-	if _, err := h.Pool.Add(conn, device, agentID, instance); err != nil {
+// services reads the services a version 2 agent announced.
+func (h *Handler) services(r *http.Request, version int) (map[string]service.Announced, error) {
+	if version != V2 {
+		return nil, nil
+	}
+	v := r.Header.Get(ServicesHeader)
+	if v == "" {
+		return nil, fmt.Errorf("a %s tunnel needs the agent's services in %s", ProtocolV2, ServicesHeader)
+	}
+	return service.ParseAnnouncement(v)
+}
+
+func (h *Handler) add(conn net.Conn, device, agentID, instance string, version int, services map[string]service.Announced) {
+	var err error
+	if version == V2 {
+		_, err = h.Pool.AddV2(conn, device, agentID, instance, services)
+	} else {
+		_, err = h.Pool.Add(conn, device, agentID, instance)
+	}
+	if err != nil {
 		h.log().Info("tunnel dropped", logkey.Device, device, logkey.Instance, instance, logkey.Err, err)
 	}
 }

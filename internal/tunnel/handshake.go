@@ -8,8 +8,16 @@
 // as a marked stream whose request and response bodies are the two directions
 // of the raw byte stream.
 //
+// Version 2 (switchboard-tunnel/2, see docs/design/tunnel-v2.md) replaces
+// HTTP/2 by the streams of package mux: the relay opens a stream naming one
+// of the services the agent announced in its handshake, the agent dials it
+// and copies bytes (ServeStreams), and the relay speaks HTTP over the
+// stream with net/http's client, pooled with keep-alive. The handshake is
+// versioned: relays take both versions, and an agent falls back to version
+// 1 against a relay that knows only it.
+//
 // This package holds both ends: the handshake (Dial for agents, Accept for
-// relays), the relay's sessions and pool, and the agent's serving loop.
+// relays), the relay's sessions and pool, and the agent's serving loops.
 package tunnel
 
 import (
@@ -26,8 +34,33 @@ import (
 	"time"
 )
 
-// Protocol names the tunnel in the Upgrade header.
+// Protocol names the first version of the tunnel (HTTP/2 with reversed
+// roles) in the Upgrade header.
 const Protocol = "switchboard-tunnel/1"
+
+// ProtocolV2 names the tunnel's second version: the relay opens streams of
+// package mux to the services the agent announced (ServicesHeader), and
+// the agent dials them and copies bytes. An agent offers both versions,
+// newest first ("Upgrade: switchboard-tunnel/2, switchboard-tunnel/1"); a
+// relay answers 101 with the one it chose. A relay that knows only the
+// first version refuses that offer with 400, and the agent asks again for
+// version 1 alone.
+const ProtocolV2 = "switchboard-tunnel/2"
+
+// Tunnel versions, as Version reports them.
+const (
+	V1 = 1
+	V2 = 2
+)
+
+// ServicesHeader carries, in a version 2 handshake, the agent's services
+// as service.Announce encodes them.
+const ServicesHeader = "X-Switchboard-Services"
+
+// VersionHeader offers, in a WebSocket handshake, the second version (its
+// value is ProtocolV2); the relay that takes it answers with the same
+// header. A relay that answers without it speaks version 1.
+const VersionHeader = "X-Switchboard-Tunnel"
 
 // Path is the relay endpoint an agent opens its tunnel on.
 const Path = "/switchboard/tunnel"
@@ -48,6 +81,11 @@ type DialConfig struct {
 	Instance string      // the agent process's id, sent as wire.InstanceHeader
 	TLS      *tls.Config // for https relays; nil = defaults
 	Dialer   net.Dialer
+	// Version is the newest version to offer: V2 offers both, V1 (or
+	// zero) only the first. Services is the announcement sent with a V2
+	// offer (service.Announce).
+	Version  int
+	Services string
 }
 
 // Dial opens a tunnel connection: a TCP (or TLS) connection upgraded to the
@@ -122,6 +160,10 @@ func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, err
 	}
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", Protocol)
+	if cfg.Version >= V2 {
+		req.Header.Set("Upgrade", ProtocolV2+", "+Protocol)
+		req.Header.Set(ServicesHeader, cfg.Services)
+	}
 	if cfg.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+cfg.Token)
 	}
@@ -133,8 +175,13 @@ func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, err
 	if err != nil {
 		return nil, fmt.Errorf("read tunnel handshake: %w", err)
 	}
-	if resp.StatusCode == http.StatusSwitchingProtocols && strings.EqualFold(resp.Header.Get("Upgrade"), Protocol) {
-		return &placedConn{Conn: withBuffered(conn, br), placed: placedFrom(resp.Header)}, nil
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		switch got := resp.Header.Get("Upgrade"); {
+		case strings.EqualFold(got, Protocol):
+			return &placedConn{Conn: withBuffered(conn, br), placed: placedFrom(resp.Header), version: V1}, nil
+		case strings.EqualFold(got, ProtocolV2) && cfg.Version >= V2:
+			return &placedConn{Conn: withBuffered(conn, br), placed: placedFrom(resp.Header), version: V2}, nil
+		}
 	}
 	if resp.StatusCode == http.StatusTemporaryRedirect {
 		resp.Body.Close()
@@ -153,10 +200,29 @@ func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, err
 	}
 }
 
-// IsHandshake reports whether r asks to open a tunnel.
+// IsHandshake reports whether r asks to open a tunnel, of either version.
 func IsHandshake(r *http.Request) bool {
-	return r.Method == http.MethodGet && strings.EqualFold(r.Header.Get("Upgrade"), Protocol) &&
-		headerHasToken(r.Header, "Connection", "upgrade")
+	return r.Method == http.MethodGet && Offered(r) != 0 && headerHasToken(r.Header, "Connection", "upgrade")
+}
+
+// Offered returns the newest tunnel version r's Upgrade header offers, or
+// 0 when it offers none.
+func Offered(r *http.Request) int {
+	switch {
+	case headerHasToken(r.Header, "Upgrade", ProtocolV2):
+		return V2
+	case headerHasToken(r.Header, "Upgrade", Protocol):
+		return V1
+	}
+	return 0
+}
+
+// protocolName returns the Upgrade token of version v.
+func protocolName(v int) string {
+	if v == V2 {
+		return ProtocolV2
+	}
+	return Protocol
 }
 
 // Accept completes a tunnel handshake on the relay side: it answers 101 and
@@ -168,8 +234,13 @@ func Accept(w http.ResponseWriter, r *http.Request) (net.Conn, error) {
 }
 
 // AcceptPlaced is Accept with the relay's id and the fleet's relay list in
-// the answer.
+// the answer, for version 1.
 func AcceptPlaced(w http.ResponseWriter, r *http.Request, p Placement) (net.Conn, error) {
+	return acceptVersion(w, p, V1)
+}
+
+// acceptVersion answers 101 for tunnel version v.
+func acceptVersion(w http.ResponseWriter, p Placement, v int) (net.Conn, error) {
 	extra := ""
 	if p.RelayID != "" {
 		extra += RelayIDHeader + ": " + p.RelayID + "\r\n"
@@ -182,7 +253,7 @@ func AcceptPlaced(w http.ResponseWriter, r *http.Request, p Placement) (net.Conn
 		return nil, fmt.Errorf("take over tunnel connection: %w", err)
 	}
 	conn.SetDeadline(time.Time{}) // the server's header deadlines do not apply to the tunnel
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n"+extra+"\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+protocolName(v)+"\r\n"+extra+"\r\n"); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("answer tunnel handshake: %w", err)
 	}
@@ -201,7 +272,27 @@ func withBuffered(conn net.Conn, br *bufio.Reader) net.Conn {
 // placedConn is a tunnel connection with what the relay said of itself.
 type placedConn struct {
 	net.Conn
-	placed Placed
+	placed  Placed
+	version int
+}
+
+// WithVersion marks conn, a tunnel opened some other way (a WebSocket), as
+// speaking version v.
+func WithVersion(conn net.Conn, v int) net.Conn {
+	if pc, ok := conn.(*placedConn); ok {
+		pc.version = v
+		return pc
+	}
+	return &placedConn{Conn: conn, version: v}
+}
+
+// VersionOf returns the tunnel version a dialled conn speaks: V1 for a
+// connection that is not a dialled tunnel.
+func VersionOf(conn net.Conn) int {
+	if pc, ok := conn.(*placedConn); ok && pc.version != 0 {
+		return pc.version
+	}
+	return V1
 }
 
 // PlacedOf returns what the relay said when it took the tunnel conn (the

@@ -56,7 +56,8 @@ type Session struct {
 	Device   string
 	AgentID  string // the agent credential's id; "" for anonymous agents
 	Instance string // the agent process's id
-	cc       *http2.ClientConn
+	Version  int    // the tunnel's version, V1 or V2
+	c        carrier
 	inflight atomic.Int64
 	draining atomic.Bool // asked to finish its streams and go (GOAWAY)
 	pool     *Pool
@@ -71,22 +72,62 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 func (s *Session) Inflight() int64 { return s.inflight.Load() }
 
 // Close closes the tunnel connection.
-func (s *Session) Close() error { return s.cc.Close() }
+func (s *Session) Close() error { return s.c.close() }
 
 // RoundTrip sends one request to the agent.
-func (s *Session) RoundTrip(req *http.Request) (*http.Response, error) {
-	if proto := upgradeType(req.Header); proto != "" {
-		return upgradeRoundTrip(s.cc, req, proto)
-	}
-	return s.cc.RoundTrip(req)
+func (s *Session) RoundTrip(req *http.Request) (*http.Response, error) { return s.c.roundTrip(req) }
+
+// carrier is what a session's requests travel on: an HTTP/2 client
+// connection (version 1) or a multiplexed session whose streams are HTTP
+// connections to the agent's service (version 2).
+type carrier interface {
+	roundTrip(*http.Request) (*http.Response, error)
+	// canTake reports whether a new request may start now.
+	canTake() bool
+	// closing reports whether the carrier is closed or closing.
+	closing() bool
+	// perAgentCap returns the most requests in flight the carrier itself
+	// takes (an HTTP/2 peer's SETTINGS), or 0 when it sets no cap.
+	perAgentCap() int64
+	// shutdown stops new requests, lets those in flight finish, then
+	// closes; it returns when it has, or with ctx's error.
+	shutdown(ctx context.Context) error
+	close() error
 }
+
+// h2Carrier is version 1's carrier.
+type h2Carrier struct{ cc *http2.ClientConn }
+
+func (c h2Carrier) roundTrip(req *http.Request) (*http.Response, error) {
+	if proto := upgradeType(req.Header); proto != "" {
+		return upgradeRoundTrip(c.cc, req, proto)
+	}
+	return c.cc.RoundTrip(req)
+}
+
+func (c h2Carrier) canTake() bool { return c.cc.CanTakeNewRequest() }
+
+func (c h2Carrier) closing() bool {
+	st := c.cc.State()
+	return st.Closed || st.Closing
+}
+
+func (c h2Carrier) perAgentCap() int64 { return int64(c.cc.State().MaxConcurrentStreams) }
+
+func (c h2Carrier) shutdown(ctx context.Context) error { return c.cc.Shutdown(ctx) }
+
+func (c h2Carrier) close() error { return c.cc.Close() }
 
 // Pool holds the relay's tunnel sessions by device and spreads requests over
 // a device's sessions, least in-flight first. It implements http.RoundTripper
 // for requests whose URL host is the device name.
 type Pool struct {
-	t   *http2.Transport
-	log *slog.Logger
+	t    *http2.Transport
+	live Liveness
+	log  *slog.Logger
+	// watchers are the goroutines that take version 2 sessions out when
+	// they end; Close waits for them.
+	watchers sync.WaitGroup
 
 	// OnChange, if set before the first Add, is called after a session
 	// joins or leaves. It must not block.
@@ -96,6 +137,11 @@ type Pool struct {
 	// whose sessions are all at their cap answers 503 at once (BusyError).
 	// Default DefaultMaxStreams (256).
 	MaxStreams int
+	// MaxDeviceStreams, if set before the first request, caps the
+	// requests in flight to one device's version 2 agents together;
+	// beyond it the device answers 503 at once (BusyError). Default
+	// DefaultMaxDeviceStreams (10,000).
+	MaxDeviceStreams int
 
 	connects atomic.Int64                             // sessions ever added
 	busy     atomic.Int64                             // requests refused with a BusyError
@@ -120,6 +166,7 @@ func NewPool(l Liveness, log *slog.Logger) *Pool {
 			PingTimeout:      l.Timeout / 2,
 			WriteByteTimeout: 10 * time.Second,
 		},
+		live:    l,
 		log:     log,
 		devices: make(map[string][]*Session),
 	}
@@ -128,7 +175,7 @@ func NewPool(l Liveness, log *slog.Logger) *Pool {
 // Add starts HTTP/2 on an accepted tunnel connection and adds the session.
 // The session leaves the pool by itself when its connection dies.
 func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, error) {
-	s := &Session{Device: device, AgentID: agentID, Instance: instance, pool: p, done: make(chan struct{})}
+	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V1, pool: p, done: make(chan struct{})}
 	cc, err := p.t.NewClientConn(&watchedConn{Conn: conn, onDead: func() {
 		p.remove(s)
 		close(s.done)
@@ -137,7 +184,13 @@ func (p *Pool) Add(conn net.Conn, device, agentID, instance string) (*Session, e
 		conn.Close()
 		return nil, fmt.Errorf("start HTTP/2 on the tunnel: %w", err)
 	}
-	s.cc = cc
+	s.c = h2Carrier{cc}
+	return p.join(s)
+}
+
+// join adds a started session to the pool.
+func (p *Pool) join(s *Session) (*Session, error) {
+	device, instance := s.Device, s.Instance
 	if testHookStarted != nil {
 		testHookStarted()
 	}
@@ -206,9 +259,13 @@ func (p *Pool) pick(device string, skip map[*Session]bool) (*Session, error) {
 		if skip[s] || !s.usable() {
 			continue
 		}
-		if limit := p.maxStreams(s); s.inflight.Load() >= limit || !s.cc.CanTakeNewRequest() {
+		if limit := p.maxStreams(s, list); s.inflight.Load() >= limit || !s.c.canTake() {
 			busy.Agents++
-			busy.Cap = max(busy.Cap, int(limit))
+			if s.Version == V2 {
+				busy.DeviceCap = int(p.deviceCap())
+			} else {
+				busy.Cap = max(busy.Cap, int(limit))
+			}
 			continue
 		}
 		if best == nil || s.inflight.Load() < best.inflight.Load() {
@@ -365,7 +422,7 @@ func (s *Session) drain() {
 	if s.draining.Swap(true) {
 		return
 	}
-	go s.cc.Shutdown(context.Background()) // ends when the streams do, or the connection dies
+	go s.c.shutdown(context.Background()) // ends when the streams do, or the connection dies
 }
 
 // Connects returns how many sessions were ever added.
@@ -380,6 +437,17 @@ func (p *Pool) Presence() map[string]int {
 		out[d] = len(l)
 	}
 	return out
+}
+
+// Versions returns the tunnel versions of device's sessions.
+func (p *Pool) Versions(device string) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var vs []int
+	for _, s := range p.devices[device] {
+		vs = append(vs, s.Version)
+	}
+	return vs
 }
 
 // Sessions returns how many tunnels are connected.
@@ -404,6 +472,7 @@ func (p *Pool) Close() {
 	for _, s := range all {
 		s.Close()
 	}
+	p.watchers.Wait()
 }
 
 // Shutdown asks every session's agent to finish its streams (HTTP/2 GOAWAY)
@@ -419,7 +488,7 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, s := range all {
 		s.draining.Store(true)
-		wg.Go(func() { errs[i] = s.cc.Shutdown(ctx) })
+		wg.Go(func() { errs[i] = s.c.shutdown(ctx) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -19,6 +19,12 @@ import (
 // queued inside the HTTP/2 client.
 const DefaultMaxStreams = 256
 
+// DefaultMaxDeviceStreams is how many requests a relay sends at once to
+// one device's version 2 agents together unless configured otherwise
+// (Pool.MaxDeviceStreams). Version 2 sets no cap per agent: a stream
+// costs memory only while its bytes move.
+const DefaultMaxDeviceStreams = 10000
+
 // ErrBusy matches a *BusyError with errors.Is.
 var ErrBusy = errors.New("every agent of the device is at its cap of requests in flight")
 
@@ -28,9 +34,15 @@ type BusyError struct {
 	Device string
 	Agents int // the device's agents that take requests
 	Cap    int // requests in flight per agent at most
+	// DeviceCap, when set, is the device's limit of requests in flight
+	// over all its version 2 agents, which it has reached.
+	DeviceCap int
 }
 
 func (e *BusyError) Error() string {
+	if e.DeviceCap > 0 {
+		return fmt.Sprintf("device %q is busy: it has %d requests in flight, the most this relay sends it at once; try again shortly", e.Device, e.DeviceCap)
+	}
 	if e.Agents == 1 {
 		return fmt.Sprintf("device %q is busy: its agent has %d requests in flight, the most it takes at once; try again shortly", e.Device, e.Cap)
 	}
@@ -46,27 +58,43 @@ func (e *BusyError) HTTPStatus() int { return http.StatusServiceUnavailable }
 // RetryAfterDelay returns one second: requests in flight usually end soon.
 func (e *BusyError) RetryAfterDelay() time.Duration { return time.Second }
 
-// maxStreams is the cap of requests in flight on s: the pool's, or less
-// when the agent advertises less.
-func (p *Pool) maxStreams(s *Session) int64 {
+// maxStreams is the cap of requests in flight on s, one of the sessions
+// of its device. For version 1 it is the pool's cap per agent, or less
+// when the agent advertises less. Version 2 has no cap per agent: s may
+// take what the device's limit leaves after its other sessions.
+func (p *Pool) maxStreams(s *Session, device []*Session) int64 {
+	if s.Version == V2 {
+		limit := p.deviceCap()
+		for _, x := range device {
+			if x != s && x.Version == V2 {
+				limit -= x.inflight.Load()
+			}
+		}
+		return max(limit, 0)
+	}
 	limit := int64(p.MaxStreams)
 	if limit <= 0 {
 		limit = DefaultMaxStreams
 	}
-	if adv := int64(s.cc.State().MaxConcurrentStreams); adv > 0 && adv < limit {
+	if adv := s.c.perAgentCap(); adv > 0 && adv < limit {
 		limit = adv
 	}
 	return limit
 }
 
+// deviceCap is the limit of requests in flight to one device's version 2
+// agents together.
+func (p *Pool) deviceCap() int64 {
+	if p.MaxDeviceStreams > 0 {
+		return int64(p.MaxDeviceStreams)
+	}
+	return DefaultMaxDeviceStreams
+}
+
 // usable reports whether s may carry new requests at all, busy or not: it
 // is neither draining nor closing.
 func (s *Session) usable() bool {
-	if s.draining.Load() {
-		return false
-	}
-	st := s.cc.State()
-	return !st.Closed && !st.Closing
+	return !s.draining.Load() && !s.c.closing()
 }
 
 // inflightTotal returns the requests in flight on every session.
@@ -90,7 +118,7 @@ func (p *Pool) registerStreamMetrics(reg prometheus.Registerer) {
 	}, func() float64 { return float64(p.inflightTotal()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "switchboard_tunnel_busy_refusals_total",
-			Help: "User requests refused with 503 because every native agent of the device was at its cap of requests in flight.",
+			Help: "User requests refused with 503 because every native agent of the device was at its cap of requests in flight, or the device at its limit.",
 		}, func() float64 { return float64(p.busy.Load()) }))
 }
 

@@ -385,6 +385,12 @@ const (
 	// process, so that a relay can tell when that agent is gone and fail its
 	// requests at once instead of at the inactivity timeout.
 	InstanceHeader = "X-Switchboard-Agent-Instance"
+	// BroadcastHeader, on a device's answer to a GET, marks a stream every
+	// viewer shares (an agent's --broadcast-path): a relay fetches it once
+	// and fans it out, and removes the header before the answer reaches a
+	// user. Version 1 and long-poll agents set it; for version 2 agents,
+	// which do not parse HTTP, the relay sets it from their announcement.
+	BroadcastHeader = "X-Switchboard-Broadcast"
 	// AbortTrailer, on an agent's last chunk, says that the backend's response
 	// broke off, so that the user sees an error instead of a clean end. A
 	// relay never forwards it.

@@ -5,6 +5,7 @@
 package livenesstest
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -92,6 +94,44 @@ func connect(t *testing.T, ctx context.Context, l tunnel.Liveness) (*tunnel.Pool
 	return pool, s, rf, af, served
 }
 
+// connectV2 is connect for a version 2 tunnel, whose agent's service
+// answers every request with hello over an in-memory pipe.
+func connectV2(t *testing.T, ctx context.Context, l tunnel.Liveness) (*tunnel.Pool, *tunnel.Session, *freezable, *freezable, chan struct{}) {
+	relayEnd, agentEnd := net.Pipe()
+	rf, af := newFreezable(relayEnd), newFreezable(agentEnd)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		tunnel.ServeStreams(ctx, af, l, func(context.Context, string) (net.Conn, error) {
+			c, b := net.Pipe()
+			go serveHello(b)
+			return c, nil
+		})
+	}()
+	pool := tunnel.NewPool(l, nil)
+	s, err := pool.AddV2(rf, "dev", "", "inst", map[string]service.Announced{service.Default: {Name: service.Default, Kind: service.HTTP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, s, rf, af, served
+}
+
+// serveHello answers each HTTP/1.1 request on c with hello until c closes.
+func serveHello(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"); err != nil {
+			return
+		}
+	}
+}
+
 func get(t *testing.T, pool *tunnel.Pool) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, "http://dev/", nil)
@@ -112,12 +152,17 @@ func TestFrozenPeersAreDetected(t *testing.T) {
 		return
 	}
 	synctest.Test(t, func(t *testing.T) {
-		frozenAgent(t)
-		frozenRelay(t)
+		frozenAgent(t, connect)
+		frozenRelay(t, connect)
+		frozenAgent(t, connectV2)
+		frozenRelay(t, connectV2)
 	})
 }
 
-func frozenAgent(t *testing.T) {
+// connector opens a tunnel of one version; see connect.
+type connector func(t *testing.T, ctx context.Context, l tunnel.Liveness) (*tunnel.Pool, *tunnel.Session, *freezable, *freezable, chan struct{})
+
+func frozenAgent(t *testing.T, connect connector) {
 	{
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -138,10 +183,11 @@ func frozenAgent(t *testing.T) {
 		}
 		af.Close()
 		<-served
+		pool.Close()
 	}
 }
 
-func frozenRelay(t *testing.T) {
+func frozenRelay(t *testing.T, connect connector) {
 	{
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
