@@ -30,6 +30,7 @@ const (
 	DefaultMaxRequestBytes    = 256 << 20
 	DefaultKeepAlive          = 3 * time.Second
 	DefaultPollTimeout        = 45 * time.Second
+	DefaultTunnelVersion      = tunnel.V2
 )
 
 // Config configures an agent. Zero fields take the defaults named on them.
@@ -126,6 +127,9 @@ func (c *Config) Complete() {
 	}
 	if c.PollTimeout <= 0 {
 		c.PollTimeout = DefaultPollTimeout
+	}
+	if c.TunnelVersion == 0 {
+		c.TunnelVersion = DefaultTunnelVersion
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

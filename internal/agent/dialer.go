@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"net"
 	"time"
 
@@ -52,7 +53,7 @@ func (a *Agent) dialStream(ctx context.Context, name string) (net.Conn, error) {
 	}
 	conn, err := a.dialService(ctx, sv)
 	if err != nil {
-		a.cfg.Logger.Debug("service unreachable", "device", a.cfg.Device, "service", name, "err", err)
+		a.cfg.Logger.Debug("service unreachable", logkey.Device, a.cfg.Device, logkey.Service, name, logkey.Err, err)
 	}
 	return conn, err
 }
@@ -93,7 +94,7 @@ func checkServices(c *Config) error {
 		return err
 	}
 	if c.TunnelVersion != 0 && c.TunnelVersion != tunnel.V1 && c.TunnelVersion != tunnel.V2 {
-		return fmt.Errorf("tunnel version %d: use %d or %d", c.TunnelVersion, tunnel.V1, tunnel.V2)
+		return invalidf("TunnelVersion", "%d is no tunnel version: use %d or %d", c.TunnelVersion, tunnel.V1, tunnel.V2)
 	}
 	return nil
 }

@@ -92,7 +92,7 @@ func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) 
 	version := a.cfg.tunnelVersion()
 	conn, placed, err := a.dialVersion(ctx, c, extra, version)
 	if version == tunnel.V2 && errors.Is(err, tunnel.ErrNotSupported) && !a.cfg.WebSocket {
-		a.cfg.Logger.Debug("relay lacks tunnel version 2: asking for version 1", "relay", c.url.Redacted(), "reason", err)
+		a.cfg.Logger.Debug("relay lacks tunnel version 2: asking for version 1", logkey.Relay, c.url.Redacted(), logkey.Reason, err)
 		version = tunnel.V1
 		conn, placed, err = a.dialVersion(ctx, c, extra, version)
 	}

@@ -52,7 +52,7 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 		f.services = append(f.services, sv)
 		return nil
 	})
-	fs.IntVar(&f.tunnelVersion, "tunnel-version", tunnel.V2, "newest native tunnel `version` to offer: 2 (falls back to 1 against a relay without it) or 1")
+	fs.IntVar(&f.tunnelVersion, "tunnel-version", agent.DefaultTunnelVersion, "newest native tunnel `version` to offer: 2 (falls back to 1 against a relay without it) or 1")
 	fs.BoolVar(&f.websocket, "websocket", false, "carry the native tunnel in a WebSocket (for paths that pass only websockets)")
 	fs.StringVar(&f.prefix, "relay-prefix", "", "`path` put before the agent endpoints, for an ingress that routes by prefix")
 	fs.StringVar(&f.rootCA, "ca-file", "", "PEM `file` of the CAs that sign the relays' certificates (https:// relays); empty = the system roots")

@@ -50,6 +50,7 @@ var flagOf = map[string]string{
 	"agent.BackendH2C":     "--backend-h2c",
 	"agent.Protocol":       "--protocol",
 	"agent.BroadcastPaths": "--broadcast-path",
+	"agent.TunnelVersion":  "--tunnel-version",
 }
 
 // withFlagNames returns err with every configuration error in it told in

@@ -61,6 +61,7 @@ func TestConfigErrorsNameFlags(t *testing.T) {
 		{"agent", []string{"--relay", "ftp://x", "--device", "d", "--backend", "http://b"}, `--relay URL "ftp://x" must look like http(s)://host[:port]`},
 		{"agent", []string{"--relay", "http://r", "--backend", "http://b"}, "--device is empty"},
 		{"agent", []string{"--relay", "http://r", "--device", "d", "--backend", "http://b", "--broadcast-path", "stream"}, `--broadcast-path "stream" must be a path starting with '/'`},
+		{"agent", []string{"--relay", "http://r", "--device", "d", "--backend", "http://b", "--tunnel-version", "3"}, "--tunnel-version 3 is no tunnel version: use 1 or 2"},
 		{"agent", []string{"--relay", "http://r", "--device", "d"}, "--backend is empty"},
 		{"agent", []string{"--relay", "http://r", "--device", "d", "--backend", "ftp://b"}, `--backend URL "ftp://b" must look like`},
 		{"agent", []string{"--relay", "http://r", "--device", "d", "--backend", "https://b", "--backend-h2c"}, "--backend-h2c needs an http:// --backend URL"},

@@ -30,6 +30,7 @@ const (
 	TunnelVersion = "tunnel_version" // the native tunnel's version, 1 or 2
 	Source        = "source"         // the address a user's connection comes from
 	Target        = "target"         // a device's service, DEVICE/SERVICE
+	Service       = "service"        // a service's name on its device
 	Port          = "port"           // a mapped port
 	Network       = "network"        // tcp or udp
 	Topic         = "topic"          // a broadcast topic's name
