@@ -18,6 +18,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // serveFlags binds the flags of 'switchboard serve' to a node.Config.
@@ -123,7 +125,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		n.Close()
 		return err
 	case sig := <-sigs:
-		logger.Info("signal received: draining; send it again to stop at once", "signal", sig.String())
+		logger.Info("signal received: draining; send it again to stop at once", logkey.Signal, sig.String())
 	case <-n.StopRequested():
 		logger.Info("stop asked for through the operator API: draining; a signal stops it at once")
 	}
@@ -134,7 +136,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	select {
 	case err := <-done:
 		if err != nil {
-			logger.Warn("drain ended at its deadline", "err", err)
+			logger.Warn("drain ended at its deadline", logkey.Err, err)
 		}
 	case <-sigs:
 		logger.Warn("second signal: stopping now")

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Paths of the fleet secret part of the operator API.
@@ -99,7 +101,7 @@ func (h *handler) rotationStep(step string) func(http.ResponseWriter, *http.Requ
 			return
 		}
 		if err != nil {
-			h.log.Warn("secret rotation", "step", step, attrError, err)
+			h.log.Warn("secret rotation", logkey.Step, step, attrError, err)
 			writeFleetError(w, err)
 			return
 		}

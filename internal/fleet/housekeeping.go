@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // housekeeping is the lease holder's memory between sweeps.
@@ -43,7 +45,7 @@ func (m *Member) housekeepOnce(ctx context.Context) {
 		m.Record(Event{Type: EventLeaseTaken, RelayID: m.cfg.RelayID, Message: fmt.Sprintf("relay %s runs housekeeping", m.cfg.RelayID)})
 		m.hk = housekeeping{fresh: m.lastKnownFreshness()}
 	case !held && was:
-		m.log.Info("gave up the housekeeping lease", "holder", holder, "error", err)
+		m.log.Info("gave up the housekeeping lease", logkey.Holder, holder, logkey.Err, err)
 	}
 	if held {
 		m.sweep(ctx, time.Now())

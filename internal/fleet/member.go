@@ -14,6 +14,8 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/kvmirror"
 	"github.com/switchboard-relay/switchboard/internal/store"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // opTimeout bounds one NATS operation of the background loops, so that an
@@ -70,7 +72,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 	}
 	m := &Member{
 		cfg:       cfg,
-		log:       cfg.Logger.With("component", "fleet", "relay_id", cfg.RelayID),
+		log:       cfg.Logger.With(logkey.Component, "fleet", logkey.RelayID, cfg.RelayID),
 		st:        st,
 		kick:      make(chan struct{}, 1),
 		beatNow:   make(chan struct{}, 1),
@@ -306,7 +308,7 @@ func (m *Member) beatOnce(ctx context.Context) {
 		m.cfg.Secret.Resync()
 		m.Changed()
 	case err != nil && ctx.Err() == nil && m.reachable.Swap(false):
-		m.log.Warn("fleet state unreachable; serving what this relay already knows", "error", err)
+		m.log.Warn("fleet state unreachable; serving what this relay already knows", logkey.Err, err)
 	}
 }
 
@@ -349,7 +351,7 @@ func (m *Member) beat(ctx context.Context) error {
 func (m *Member) reconcileLoop(ctx context.Context) {
 	m.everyBeat(ctx, m.kick, func(ctx context.Context) {
 		if err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
-			m.log.Debug("publishing attachments", "error", err)
+			m.log.Debug("publishing attachments", logkey.Err, err)
 		}
 	})
 }

@@ -41,23 +41,24 @@ const (
 
 // Why, how long and how many.
 const (
-	Err          = "err"           // the error
-	Reason       = "reason"        // why, when it is not an error
-	Timeout      = "timeout"       // a time limit
-	Spread       = "spread"        // the window a drain spreads its moves over
-	Misses       = "misses"        // missed probes in a row
-	Tunnels      = "tunnels"       // native tunnels
-	Requests     = "requests"      // requests
-	NativeAgents = "native_agents" // native agents
-	Cut          = "cut"           // requests or sessions cut
-	Listen       = "listen"        // a listener's address
-	Admin        = "admin"         // the admin listener's address
-	Cause        = "cause"         // what ended a connection
-	Limit        = "limit"         // a bound that was reached
-	BytesIn      = "bytes_in"      // bytes from the user
-	BytesOut     = "bytes_out"     // bytes to the user
-	DurationMS   = "duration_ms"   // how long, in milliseconds
-	Fingerprint  = "fingerprint"   // a fleet secret's fingerprint
-	Accepted     = "accepted"      // the fleet secrets' fingerprints accepted
-	Generation   = "generation"    // a fleet secret record's generation
+	Err          = "err"               // the error
+	Reason       = "reason"            // why, when it is not an error
+	Timeout      = "timeout"           // a time limit
+	Spread       = "spread"            // the window a drain spreads its moves over
+	Misses       = "misses"            // missed probes in a row
+	Tunnels      = "tunnels"           // native tunnels
+	Requests     = "requests"          // requests
+	NativeAgents = "native_agents"     // native agents
+	TopicConns   = "topic_connections" // topic readers and writers
+	Cut          = "cut"               // requests or sessions cut
+	Listen       = "listen"            // a listener's address
+	Admin        = "admin"             // the admin listener's address
+	Cause        = "cause"             // what ended a connection
+	Limit        = "limit"             // a bound that was reached
+	BytesIn      = "bytes_in"          // bytes from the user
+	BytesOut     = "bytes_out"         // bytes to the user
+	DurationMS   = "duration_ms"       // how long, in milliseconds
+	Fingerprint  = "fingerprint"       // a fleet secret's fingerprint
+	Accepted     = "accepted"          // the fleet secrets' fingerprints accepted
+	Generation   = "generation"        // a fleet secret record's generation
 )

@@ -15,6 +15,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/secret"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // IssueCode makes a single-use access code for the user p: for device,
@@ -160,7 +162,7 @@ func (n *Node) spendCode(t access.Ticket) error {
 	h := http.Header{}
 	t.SetHeader(h)
 	if err := n.store.Conn().Publish(subjectCodeSpent, []byte(h.Get(access.TicketHeader))); err != nil {
-		n.log.Debug("could not tell the fleet of a used access code", "error", err)
+		n.log.Debug("could not tell the fleet of a used access code", logkey.Err, err)
 	}
 	return nil
 }
@@ -213,7 +215,7 @@ func (n *Node) revoked(id string) {
 			Message: "the credential of the agent answering this request was revoked"})
 	}
 	if cut > 0 {
-		n.log.Info("token revoked: cut what it let in", "token_id", id, "cut", cut)
+		n.log.Info("token revoked: cut what it let in", logkey.TokenID, id, logkey.Cut, cut)
 	}
 }
 

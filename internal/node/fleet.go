@@ -11,6 +11,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
 	"github.com/switchboard-relay/switchboard/internal/topic"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // local is the relay's own state as its fleet member reports it.
@@ -50,7 +52,7 @@ func (l local) Stopping() bool { return l.n.stopping.Load() }
 func (n *Node) loadRelayID() error {
 	if n.cfg.RelayName != "" {
 		n.relayID = fleet.RelayIDFromName(n.cfg.RelayName)
-		n.log.Info("relay id derived from the relay's name", "relay_id", n.relayID, "name", n.cfg.RelayName)
+		n.log.Info("relay id derived from the relay's name", logkey.RelayID, n.relayID, logkey.Name, n.cfg.RelayName)
 		return nil
 	}
 	id, created, err := fleet.LoadOrCreateRelayID(n.cfg.DataDir)
@@ -58,7 +60,7 @@ func (n *Node) loadRelayID() error {
 		return err
 	}
 	if created {
-		n.log.Info("minted a relay id", "relay_id", id, "path", filepath.Join(n.cfg.DataDir, fleet.RelayIDFile))
+		n.log.Info("minted a relay id", logkey.RelayID, id, logkey.Path, filepath.Join(n.cfg.DataDir, fleet.RelayIDFile))
 	}
 	n.relayID = id
 	return nil
@@ -158,7 +160,7 @@ func (n *Node) cancelDevice(device, reason string, moved bool) {
 		topics = n.topics.CloseDevice(device, topic.ErrCancelled) + n.fanoutHub.CloseDevice(device, topic.ErrCancelled)
 	}
 	if tunnels > 0 || requests > 0 || topics > 0 {
-		n.log.Info("device sessions dropped", "device", device, "tunnels", tunnels, "requests", requests, "topic_connections", topics, "reason", reason)
+		n.log.Info("device sessions dropped", logkey.Device, device, logkey.Tunnels, tunnels, logkey.Requests, requests, logkey.TopicConns, topics, logkey.Reason, reason)
 	}
 	n.member.Changed()
 }
@@ -176,5 +178,5 @@ func (n *Node) onShouldDrain(draining bool) {
 		return
 	}
 	k := n.tunnels.DrainSessions(n.cfg.DrainSpread, n.movable)
-	n.log.Info("moving this relay's native agents to other relays", "tunnels", k, "spread", n.cfg.DrainSpread)
+	n.log.Info("moving this relay's native agents to other relays", logkey.Tunnels, k, logkey.Spread, n.cfg.DrainSpread)
 }

@@ -39,6 +39,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Node is a running relay node.
@@ -156,7 +158,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.ready.Store(true)
 	n.serve(n.public, n.publicLn)
 	n.serve(n.admin, n.adminLn)
-	n.log.Info("relay serving", "listen", n.publicLn.Addr().String(), "admin", n.adminLn.Addr().String(), "version", cfg.Version)
+	n.log.Info("relay serving", logkey.Listen, n.publicLn.Addr().String(), logkey.Admin, n.adminLn.Addr().String(), logkey.Version, cfg.Version)
 	return n, nil
 }
 
@@ -187,7 +189,7 @@ func (n *Node) openState(ctx context.Context) error {
 		return err
 	}
 	if created {
-		n.log.Info("wrote a new admin token; use it with 'switchboard ctl' or as 'Authorization: Bearer' on the admin listener", "path", path)
+		n.log.Info("wrote a new admin token; use it with 'switchboard ctl' or as 'Authorization: Bearer' on the admin listener", logkey.Path, path)
 	}
 	if n.cfg.AllowAnonymousUsers {
 		n.log.Warn("ANONYMOUS USERS ALLOWED: anyone who reaches this relay can use every device (--allow-anonymous-users)")
@@ -363,7 +365,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		spread = min(spread, time.Until(d)/3)
 	}
 	agents := n.tunnels.DrainSessions(spread, nil) // the relay goes away whoever takes its agents
-	n.log.Info("relay draining", "timeout", n.cfg.DrainTimeout, "native_agents", agents, "spread", spread)
+	n.log.Info("relay draining", logkey.Timeout, n.cfg.DrainTimeout, logkey.NativeAgents, agents, logkey.Spread, spread)
 	n.broker.Drain()
 	// Long-poll agents post every response chunk as a new request to the
 	// public listener, so it stays open until nothing is in flight; users'

@@ -20,6 +20,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
 	"github.com/switchboard-relay/switchboard/internal/wire"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // Event types of routing.
@@ -44,7 +46,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	probe := &http.Client{Transport: newProbeTransport(n.peerTLS)}
 	n.probeClient = probe
 	wc := n.cfg.Watchdog
-	wc.Logger = n.log.With("component", routingComponent)
+	wc.Logger = n.log.With(logkey.Component, routingComponent)
 	wc.Metrics = n.registry
 	wc.Peers = n.watchedPeers
 	wc.Probe = func(ctx context.Context, p watchdog.Peer) error {

@@ -21,6 +21,8 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/peer"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // UserAuthorizer decides whether the user making r may use the device of
@@ -334,7 +336,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the user went away
 	}
-	h.cfg.Logger.Debug("forward failed", "device", r.URL.Host, "err", err)
+	h.cfg.Logger.Debug("forward failed", logkey.Device, r.URL.Host, logkey.Err, err)
 	if be := (*BodyError)(nil); errors.As(err, &be) {
 		// The user's request failed, whatever the transport wrapped
 		// around it; its framing is broken, so its connection goes too.
