@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -44,26 +46,10 @@ func (s services) Open(ctx context.Context, t Target) (net.Conn, error) {
 
 // echo serves each connection's bytes back, then half-closes.
 func echo(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			})
-		}
+	return testkit.ServeTCP(t, func(c net.Conn) {
+		io.Copy(c, c)
+		c.(*net.TCPConn).CloseWrite()
 	})
-	return ln.Addr().String()
 }
 
 // closedPort returns an address where nothing listens.

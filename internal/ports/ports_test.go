@@ -155,24 +155,7 @@ func udpDevice(c net.Conn) {
 	}
 }
 
-func serveTCP(t *testing.T, handle func(net.Conn)) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() { defer c.Close(); handle(c) })
-		}
-	})
-	return ln.Addr().String()
-}
+func serveTCP(t *testing.T, handle func(net.Conn)) string { return testkit.ServeTCP(t, handle) }
 
 func freePort(t *testing.T, network string) int {
 	if network == UDP {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 	"io"
 	"net"
 	"net/http"
@@ -11,7 +12,6 @@ import (
 	"net/http/httptrace"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -112,39 +112,23 @@ func (a action) String() string {
 // it reads the HTTP/2 request's HEADERS and closes the connection.
 func dyingHolder(t *testing.T, hits *atomic.Int64) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
+	return "http://" + testkit.ServeTCP(t, func(c net.Conn) {
+		if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
+			return
+		}
+		fr := http2.NewFramer(c, c)
+		fr.WriteSettings()
 		for {
-			c, err := ln.Accept()
+			f, err := fr.ReadFrame()
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
-					return
-				}
-				fr := http2.NewFramer(c, c)
-				fr.WriteSettings()
-				for {
-					f, err := fr.ReadFrame()
-					if err != nil {
-						return
-					}
-					if _, ok := f.(*http2.HeadersFrame); ok {
-						hits.Add(1)
-						return // dies with the request in flight
-					}
-				}
-			})
+			if _, ok := f.(*http2.HeadersFrame); ok {
+				hits.Add(1)
+				return // dies with the request in flight
+			}
 		}
 	})
-	return "http://" + ln.Addr().String()
 }
 
 // testFleet is a Fleet whose holders are given by the test, with the

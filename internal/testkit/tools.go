@@ -1,9 +1,11 @@
 package testkit
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -33,4 +35,30 @@ func Tool(tb testing.TB, name, require string) string {
 func fileExists(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && !st.IsDir()
+}
+
+// ServeTCP serves handle on a loopback port until the test ends, each
+// connection in its own goroutine and closed when handle returns, and
+// returns the port's address. The test's cleanup waits for every handler.
+func ServeTCP(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				handle(c)
+			})
+		}
+	})
+	return ln.Addr().String()
 }
