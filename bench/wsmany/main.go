@@ -44,7 +44,7 @@ func main() {
 	settle := flag.Duration("settle", 5*time.Second, "how long the websockets stay idle before measuring")
 	version := flag.Int("tunnel-version", 2, "the agent's --tunnel-version: 2 (its default) or 1")
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
-	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period, to this `file`")
+	heap := flag.String("heap-profile", "", "save the relay's heap profile, taken after the idle period, to this `file`")
 	flag.Parse()
 	if *echo != "" {
 		if err := serveEcho(*echo); err != nil {
@@ -55,7 +55,7 @@ func main() {
 	if *version != 1 && *version != 2 {
 		log.Fatalf("-tunnel-version %d: use 1 or 2", *version)
 	}
-	if err := run(*conns, *settle, *version, *bin); err != nil {
+	if err := run(options{conns: *conns, settle: *settle, version: *version, bin: *bin, heapProfile: *heap}); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -89,14 +89,32 @@ func serveEcho(addr string) error {
 	srv := &http.Server{Addr: addr, Handler: h}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	go func() { <-ctx.Done(); srv.Close() }()
+	context.AfterFunc(ctx, func() { srv.Close() })
 	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
 
-func run(n int, settle time.Duration, version int, bin string) error {
+// options are the command line's settings.
+type options struct {
+	conns       int
+	settle      time.Duration
+	version     int
+	bin         string
+	heapProfile string // empty saves none
+}
+
+// tally counts the websockets' outcomes.
+type tally struct {
+	open, refused, failed atomic.Int64
+	firstErr              atomic.Value
+	mu                    sync.Mutex  // guards codes
+	codes                 map[int]int // refusals by status
+}
+
+func run(o options) error {
+	n, settle, version, bin := o.conns, o.settle, o.version, o.bin
 	dir, err := os.MkdirTemp("", "switchboard-wsmany-")
 	if err != nil {
 		return err
@@ -109,6 +127,7 @@ func run(n int, settle time.Duration, version int, bin string) error {
 	if err != nil {
 		return err
 	}
+	var relayPID int
 	backend := "127.0.0.1:" + benchkit.FreePort()
 	port, admin := benchkit.FreePort(), benchkit.FreePort()
 	relayURL := "http://127.0.0.1:" + port
@@ -160,79 +179,81 @@ func run(n int, settle time.Duration, version int, bin string) error {
 	baseHeap, baseStack := benchkit.Gauge(metrics, "go_memstats_heap_inuse_bytes"), benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes")
 	fmt.Printf("relay pid %d: baseline RSS %.1f MiB with the agent connected (tunnel version %d)\n", relayPID, float64(baseRSS)/1024, version)
 
-	var open, refused, failed atomic.Int64
-	var firstErr atomic.Value
-	codes := make(map[int]int)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
+	t := &tally{codes: make(map[int]int)}
 	start := time.Now()
-	msg := []byte("ping")
-	for i := 0; i < n; i++ {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
-			defer dcancel()
-			c, resp, err := websocket.Dial(dctx, "ws://127.0.0.1:"+port+"/client/"+device+"/ws", nil)
-			if err != nil {
-				if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-					refused.Add(1)
-					mu.Lock()
-					codes[resp.StatusCode]++
-					mu.Unlock()
-				} else {
-					failed.Add(1)
-				}
-				firstErr.CompareAndSwap(nil, err)
-				return
-			}
-			if err := c.Write(dctx, websocket.MessageBinary, msg); err == nil {
-				_, _, err = c.Read(dctx)
-			}
-			if err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err)
-				c.CloseNow()
-				return
-			}
-			open.Add(1)
-			context.AfterFunc(ctx, func() { c.CloseNow() })
-		})
-	}
-	wg.Wait()
+	openAll(ctx, t, n, "ws://127.0.0.1:"+port+"/client/"+device+"/ws")
 	fmt.Printf("%d websockets open in %v; refused %d %v, failed otherwise %d (first error: %v); idling %v\n",
-		open.Load(), time.Since(start).Round(time.Millisecond), refused.Load(), codes, failed.Load(), firstErr.Load(), settle)
+		t.open.Load(), time.Since(start).Round(time.Millisecond), t.refused.Load(), t.codes, t.failed.Load(), t.firstErr.Load(), settle)
 	time.Sleep(settle)
 	rss := rssKB(relayPID)
 	heap := benchkit.Gauge(metrics, "go_memstats_heap_inuse_bytes") - baseHeap
 	stack := benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
-	per := float64(open.Load())
+	per := float64(t.open.Load())
 	if per == 0 {
 		return errors.New("no websocket opened")
 	}
 	fmt.Printf("relay RSS %.1f MiB: %.1f KiB per open idle websocket (baseline subtracted), of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB\n",
 		float64(rss)/1024, float64(rss-baseRSS)/per, heap/1024/per, stack/1024/per)
-	if heapProfile != "" {
+	if o.heapProfile != "" {
 		token, err := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
 		if err != nil {
 			return fmt.Errorf("heap profile: %w", err)
 		}
-		if err := benchkit.SaveProfile("http://127.0.0.1:"+admin+"/debug/pprof/heap", strings.TrimSpace(string(token)), heapProfile); err != nil {
+		if err := benchkit.SaveProfile("http://127.0.0.1:"+admin+"/debug/pprof/heap", strings.TrimSpace(string(token)), o.heapProfile); err != nil {
 			return fmt.Errorf("heap profile: %w", err)
 		}
 	}
-	if refused.Load()+failed.Load() > 0 {
-		return fmt.Errorf("%d of %d websockets did not open", refused.Load()+failed.Load(), n)
+	if bad := t.refused.Load() + t.failed.Load(); bad > 0 {
+		return fmt.Errorf("%d of %d websockets did not open", bad, n)
 	}
 	return nil
 }
 
-// heapProfile, when set, receives the relay's heap profile.
-var heapProfile string
+// openAll opens n websockets to url, 64 at a time, checks each with one
+// echo and keeps it open until ctx ends; it returns once every attempt has
+// ended, counted in t.
+func openAll(ctx context.Context, t *tally, n int, url string) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, 64)
+	for range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			openOne(ctx, t, url)
+		})
+	}
+}
 
-// relayPID is the relay process's id, for its RSS.
-var relayPID int
+// openOne opens one websocket and checks it with one echo.
+func openOne(ctx context.Context, t *tally, url string) {
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(dctx, url, nil)
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			t.refused.Add(1)
+			t.mu.Lock()
+			t.codes[resp.StatusCode]++
+			t.mu.Unlock()
+		} else {
+			t.failed.Add(1)
+		}
+		t.firstErr.CompareAndSwap(nil, err)
+		return
+	}
+	if err := c.Write(dctx, websocket.MessageBinary, []byte("ping")); err == nil {
+		_, _, err = c.Read(dctx)
+	}
+	if err != nil {
+		t.failed.Add(1)
+		t.firstErr.CompareAndSwap(nil, err)
+		c.CloseNow()
+		return
+	}
+	t.open.Add(1)
+	context.AfterFunc(ctx, func() { c.CloseNow() })
+}
 
 func rssKB(pid int) int64 {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
