@@ -25,6 +25,9 @@ type config struct {
 	// Protocols are the agent protocols measured through the relay, each
 	// with a fresh relay and agent. Ones the agent refuses are skipped.
 	Protocols []string
+	// Peers are other relays measured after the protocols, each started
+	// from a binary given by -peer.
+	Peers []peer
 	// Tests are the measurements to run, a subset of allTests.
 	Tests []string
 	// Bin is a switchboard binary; empty builds one into the temp dir.

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
 
 // errProtocolRefused is returned by startFleet when the agent exits with a
@@ -72,12 +74,14 @@ func (f *fleet) startRelay(ctx context.Context, o fleetOpts) error {
 }
 
 func (f *fleet) startAgent(ctx context.Context, o fleetOpts) error {
+	protocol, protocolFlags := agentProtocol(o.protocol)
 	args := append([]string{"agent",
 		"--relay", f.relayURL, "--device", device, "--backend", o.backendURL,
-		"--protocol", o.protocol,
+		"--protocol", protocol,
 		"--num-pending-requests", strconv.Itoa(o.cfg.Pending),
 		"--log-level", "info", "--log-format", "text", // connection changes only; protocolsSeen reads them
-	}, o.cfg.AgentFlags...)
+	}, protocolFlags...)
+	args = append(args, o.cfg.AgentFlags...)
 	var err error
 	f.agent, err = startProc("agent", o.bin, args, childEnv(o, "agent"), filepath.Join(o.dir, "agent-"+o.protocol+".log"))
 	if err != nil {
@@ -111,15 +115,28 @@ func (f *fleet) stop() {
 
 // protocolsSeen returns the protocols the agent's log says it connected
 // with ("protocol=NAME" in its text log), in order of first appearance. An
-// agent may fall back to another protocol than the one asked for.
+// agent may fall back to another protocol than the one asked for; a native
+// connection whose line says "tunnel_version=1" counts as native1.
 func (f *fleet) protocolsSeen() []string {
 	b, err := os.ReadFile(f.agent.logPath)
 	if err != nil {
 		return nil
 	}
 	var seen []string
-	for _, field := range strings.Fields(string(b)) {
-		if name, ok := strings.CutPrefix(field, "protocol="); ok && !slices.Contains(seen, name) {
+	for line := range strings.Lines(string(b)) {
+		name, version := "", ""
+		for _, field := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(field, "protocol="); ok {
+				name = v
+			}
+			if v, ok := strings.CutPrefix(field, logkey.TunnelVersion+"="); ok {
+				version = v
+			}
+		}
+		if name == "native" && version == "1" {
+			name = nativeV1Protocol
+		}
+		if name != "" && !slices.Contains(seen, name) {
 			seen = append(seen, name)
 		}
 	}

@@ -86,8 +86,16 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var protocols, tests, relayFlags, agentFlags, childEnv string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&protocols, "protocols", "longpoll", "agent `protocols` to measure, comma-separated (e.g. longpoll,native); ones the agent does not know are skipped; \"floor\" measures two plain TCP forwarders instead of a relay and an agent")
+	fs.StringVar(&protocols, "protocols", "longpoll", "agent `protocols` to measure, comma-separated (e.g. longpoll,native,native1: native is the agent's default tunnel version, native1 holds it to version 1); ones the agent does not know are skipped; \"floor\" measures two plain TCP forwarders instead of a relay and an agent")
 	fs.StringVar(&protocols, "protocol", "longpoll", "alias of -protocols")
+	fs.Func("peer", "measure a peer too: `NAME=PATH`, NAME starting with chisel (PATH its binary) or frp (PATH a directory holding frps and frpc); repeatable", func(s string) error {
+		p, err := parsePeer(s)
+		if err != nil {
+			return err
+		}
+		cfg.Peers = append(cfg.Peers, p)
+		return nil
+	})
 	fs.StringVar(&tests, "tests", strings.Join(testNames(), ","), "`measurements` to run, comma-separated")
 	fs.StringVar(&cfg.Bin, "bin", "", "switchboard `binary` to use; empty builds one with 'go build' into a temp dir")
 	fs.IntVar(&cfg.N, "n", 2000, "sequential small GETs timed for the latency percentiles")

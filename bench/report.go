@@ -28,6 +28,7 @@ type report struct {
 type column struct {
 	protocol string
 	res      results
+	peer     bool // another relay, not a switchboard protocol
 }
 
 func newReport(cfg *config) *report {
@@ -60,6 +61,11 @@ func (r *report) add(name string, res results) {
 		return
 	}
 	r.relays = append(r.relays, column{protocol: name, res: res})
+}
+
+// addPeer records the results of a peer.
+func (r *report) addPeer(name string, res results) {
+	r.relays = append(r.relays, column{protocol: name, res: res, peer: true})
 }
 
 func (r *report) skip(protocol, why string) {
@@ -314,6 +320,9 @@ func (r *report) notes() []string {
 		notes = append(notes, "Skipped "+s+".")
 	}
 	for _, c := range r.relays {
+		if c.peer {
+			continue
+		}
 		if c.protocol != floorProtocol && !slices.Equal(c.res.ProtocolsSeen, []string{c.protocol}) {
 			notes = append(notes, fmt.Sprintf("Warning: the %s agent's log shows it connected with %q: that column may not measure %s.", c.protocol, c.res.ProtocolsSeen, c.protocol))
 		}

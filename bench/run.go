@@ -41,7 +41,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		return err
 	}
 	if failures > 0 {
-		return fmt.Errorf("%d of %d targets had failures, logged above", failures, 1+len(cfg.Protocols))
+		return fmt.Errorf("%d of %d targets had failures, logged above", failures, 1+len(cfg.Protocols)+len(cfg.Peers))
 	}
 	return nil
 }
@@ -78,6 +78,21 @@ func measureTargets(ctx context.Context, cfg *config, o fleetOpts, rep *report, 
 			rep.add(p, res)
 		} else {
 			rep.skip(p, "the relay or the agent did not start: see the log above")
+		}
+	}
+	for _, p := range cfg.Peers {
+		res, started, err := measurePeer(ctx, cfg, o, p, logf)
+		switch {
+		case ctx.Err() != nil:
+			return failures, ctx.Err()
+		case err != nil:
+			logf("peer %q: %v", p.name, err)
+			failures++
+		}
+		if started {
+			rep.addPeer(p.name, res)
+		} else {
+			rep.skip(p.name, "the peer's server or client did not start: see the log above")
 		}
 	}
 	return failures, nil

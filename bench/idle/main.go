@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -32,9 +34,14 @@ func main() {
 	agents := flag.Int("agents", 10000, "idle native agents to connect")
 	settle := flag.Duration("settle", 10*time.Second, "how long the agents stay idle before measuring")
 	ping := flag.Duration("ping", 400*time.Millisecond, "the tunnels' ping interval (relay and agents); the timeout is 2.5×")
+	version := flag.Int("tunnel-version", tunnel.V2, "the tunnel version the agents offer: 2 (the agent's default) or 1")
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
 	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period, to this file")
 	flag.Parse()
+	if *version != tunnel.V1 && *version != tunnel.V2 {
+		log.Fatalf("-tunnel-version %d: use %d or %d", *version, tunnel.V1, tunnel.V2)
+	}
+	tunnelVersion = *version
 	if err := run(*agents, *settle, *ping, *bin); err != nil {
 		log.Fatal(err)
 	}
@@ -42,6 +49,10 @@ func main() {
 
 // heapProfile, when set, receives the relay's heap profile.
 var heapProfile string
+
+// tunnelVersion is the version the agents offer; a relay that takes it is
+// checked for each tunnel.
+var tunnelVersion int
 
 func run(n int, settle, ping time.Duration, bin string) error {
 	live := tunnel.Liveness{Interval: ping, Timeout: ping * 5 / 2}
@@ -120,14 +131,27 @@ var firstErr atomic.Value
 func connect(ctx context.Context, wg *sync.WaitGroup, n int, relay string, live tunnel.Liveness) error {
 	u, _ := url.Parse(relay)
 	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	announce, err := service.Announce([]service.Service{{Name: service.Default, Kind: service.HTTP, Addr: "127.0.0.1:1"}}, false)
+	if err != nil {
+		return err
+	}
+	refuse := func(context.Context, string) (net.Conn, error) { return nil, errors.New("idle agents serve nothing") }
 	sem := make(chan struct{}, 64)
 	for i := 0; i < n; i++ {
 		sem <- struct{}{}
 		wg.Go(func() {
-			conn, err := tunnel.Dial(ctx, tunnel.DialConfig{Relay: u, Device: "idle-" + strconv.Itoa(i)}, nil)
+			conn, err := tunnel.Dial(ctx, tunnel.DialConfig{Relay: u, Device: "idle-" + strconv.Itoa(i), Version: tunnelVersion, Services: announce}, nil)
 			<-sem
+			if err == nil && tunnel.VersionOf(conn) != tunnelVersion {
+				conn.Close()
+				err = fmt.Errorf("the relay took version %d, not %d", tunnel.VersionOf(conn), tunnelVersion)
+			}
 			if err != nil {
 				firstErr.CompareAndSwap(nil, fmt.Errorf("tunnel %d: %w", i, err))
+				return
+			}
+			if tunnelVersion == tunnel.V2 {
+				tunnel.ServeStreams(ctx, conn, live, refuse)
 				return
 			}
 			tunnel.Serve(ctx, conn, hello, live)
