@@ -32,9 +32,9 @@ type connectGateway struct {
 	n           *Node
 	users, peer *connect.Handler
 
-	mu      sync.Mutex                 // guards clients
+	mu      sync.Mutex                 // guards the fields below
 	clients map[string]*connect.Client // forwards, by holder and device
-	closed  bool
+	closed  bool                       // Close was called: no more forwards
 }
 
 func newConnectGateway(n *Node) *connectGateway {
@@ -73,6 +73,8 @@ func (n *Node) routeConnect(next http.Handler) http.Handler {
 
 // openerFunc is a function as a connect.Opener.
 type openerFunc func(ctx context.Context, t connect.Target) (net.Conn, error)
+
+var _ connect.Opener = openerFunc(nil)
 
 func (f openerFunc) Open(ctx context.Context, t connect.Target) (net.Conn, error) { return f(ctx, t) }
 
