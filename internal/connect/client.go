@@ -26,6 +26,10 @@ type ClientConfig struct {
 	Token, Code string
 	// TLS verifies https relays; nil means the system roots.
 	TLS *tls.Config
+	// Sign, when set, adds headers to each upgrade request: a relay that
+	// forwards a user's streams to the device's holder signs with it
+	// instead of sending a user's credential.
+	Sign func(h http.Header)
 	// Liveness: ping after PingAfter of silence, give the connection up
 	// after DeadAfter. Defaults 15 s and 45 s: a user's connections are
 	// few and long.
@@ -134,6 +138,9 @@ func (c *Client) handshake(ctx context.Context) (net.Conn, error) {
 	req.Header.Set("Upgrade", Protocol)
 	if c.cfg.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
+	}
+	if c.cfg.Sign != nil {
+		c.cfg.Sign(req.Header)
 	}
 	if err := req.Write(conn); err != nil {
 		conn.Close()

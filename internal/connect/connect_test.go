@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -32,6 +34,9 @@ func (s services) Open(ctx context.Context, t Target) (net.Conn, error) {
 	if t.Device != s.device {
 		return nil, ErrNoDevice
 	}
+	if t.Service == "late" {
+		return lateRefusal{}, nil
+	}
 	addr, ok := s.addrs[t.Service]
 	if !ok {
 		return nil, fmt.Errorf("%s: %w", t, ErrUnknownService)
@@ -43,6 +48,17 @@ func (s services) Open(ctx context.Context, t Target) (net.Conn, error) {
 	}
 	return c, nil
 }
+
+// lateRefusal is a service's side whose refusal shows only once used, as
+// a stream opened without a round trip through an agent or another relay.
+type lateRefusal struct{ net.Conn }
+
+func (lateRefusal) Read([]byte) (int, error)         { return 0, fmt.Errorf("the agent says: %w", ErrRefused) }
+func (lateRefusal) Write(p []byte) (int, error)      { return len(p), nil }
+func (lateRefusal) Close() error                     { return nil }
+func (lateRefusal) SetDeadline(time.Time) error      { return nil }
+func (lateRefusal) SetReadDeadline(time.Time) error  { return nil }
+func (lateRefusal) SetWriteDeadline(time.Time) error { return nil }
 
 // echo serves each connection's bytes back, then half-closes.
 func echo(t *testing.T) string {
@@ -146,6 +162,7 @@ func TestRefusalsSayWhy(t *testing.T) {
 		{Target{"other", "echo"}, ErrNoDevice},
 		{Target{"robot", "secret"}, ErrForbidden},
 		{Target{"robot", "down"}, ErrRefused},
+		{Target{"robot", "late"}, ErrRefused},
 	} {
 		conn, err := f.client.Dial(context.Background(), tc.target)
 		if err != nil {
@@ -193,5 +210,65 @@ func TestParseTarget(t *testing.T) {
 		if _, err := ParseTarget(in); (err == nil) != ok {
 			t.Errorf("ParseTarget(%q): %v", in, err)
 		}
+	}
+}
+
+// A client speaks as soon as the 101 arrives: its first frames are never
+// taken for bytes sent too early, on any of many fresh connections.
+func TestFirstFramesRightAfterThe101(t *testing.T) {
+	f := setup(t, "good")
+	u := f.client.cfg.Relay
+	for i := range 100 {
+		c := NewClient(ClientConfig{Relay: u, Token: "good"})
+		conn, err := c.Dial(context.Background(), Target{"robot", "echo"})
+		if err == nil {
+			conn.Write([]byte("hi"))
+			buf := make([]byte, 2)
+			_, err = io.ReadFull(conn, buf)
+		}
+		c.Close()
+		if err != nil {
+			t.Fatalf("fresh connection %d: %v", i, err)
+		}
+	}
+}
+
+// The end of the upgrade request's context (a revoked credential, the
+// relay stopping) ends the session and its streams.
+func TestRequestEndEndsTheSession(t *testing.T) {
+	end := make(chan struct{})
+	h := &Handler{
+		Open:      services{device: "robot", addrs: map[string]string{"echo": echo(t)}},
+		Authorize: func(*http.Request) (Allow, error) { return func(Target) error { return nil }, nil },
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		go func() {
+			select {
+			case <-end:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	}))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	c := NewClient(ClientConfig{Relay: u})
+	defer c.Close()
+	conn, err := c.Dial(context.Background(), Target{"robot", "echo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("hi"))
+	if _, err := io.ReadFull(conn, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	close(end)
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the session outlived its request: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -66,22 +67,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), code)
 		return
 	}
-	rc := http.NewResponseController(w)
-	w.Header().Set("Connection", "Upgrade")
-	w.Header().Set("Upgrade", Protocol)
-	w.WriteHeader(http.StatusSwitchingProtocols)
-	if err := rc.Flush(); err != nil {
-		return
-	}
-	conn, brw, err := rc.Hijack()
+	// Hijack first, then answer 101 on the connection itself: the client
+	// speaks as soon as it reads the 101, and bytes that arrived before a
+	// hijack would sit in net/http's buffer, the session's first frames.
+	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
+		http.Error(w, "this connection cannot be upgraded (HTTP/2?): "+Protocol+" needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
 		return
 	}
 	if brw.Reader.Buffered() > 0 {
 		conn.Close() // the client must wait for the 101
 		return
 	}
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n\r\n"); err != nil {
+		conn.Close()
+		return
+	}
 	sess := mux.New(conn, mux.Config{PingAfter: cmp.Or(h.PingAfter, 30*time.Second), DeadAfter: cmp.Or(h.DeadAfter, 60*time.Second)})
+	// The request's context ends when the credential is revoked or the
+	// relay stops: the session and its streams end with it.
+	stop := context.AfterFunc(r.Context(), func() { sess.Close() })
+	defer stop()
 	h.serve(r.Context(), sess, allow)
 }
 
@@ -115,7 +121,48 @@ func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow) {
 		st.Reset(codeOf(err))
 		return
 	}
-	splice.Join(st, conn)
+	splice.Join(st, &refusable{Conn: conn, st: st})
+}
+
+// refusable is the service's side of a stream: a refusal it reports only
+// once used (an open without a round trip, through an agent or another
+// relay) resets the user's stream with the refusal's code, so that the
+// user is told why, not merely that the stream ended.
+type refusable struct {
+	net.Conn
+	st *mux.Stream
+}
+
+func (c *refusable) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.check(err)
+	return n, err
+}
+
+func (c *refusable) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.check(err)
+	return n, err
+}
+
+// CloseWrite half-closes the service's side, when it can.
+func (c *refusable) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+func (c *refusable) check(err error) {
+	if err == nil {
+		return
+	}
+	for _, k := range codes {
+		if errors.Is(err, k.err) {
+			c.st.Reset(k.code)
+			return
+		}
+	}
 }
 
 func (h *Handler) logger() *slog.Logger {

@@ -63,9 +63,10 @@ type Node struct {
 	adminFails    *limit.Limiter // the same on the admin listener: the operator's budget is apart
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
-	placer        *router.Placer // native agents
-	calls         *router.Calls  // long-poll agents' calls
-	backs         sendBacks      // KeepArrivingAgents: when each device's agents were last asked back
+	connect       *connectGateway // switchboard connect's sessions
+	placer        *router.Placer  // native agents
+	calls         *router.Calls   // long-poll agents' calls
+	backs         sendBacks       // KeepArrivingAgents: when each device's agents were last asked back
 	probeClient   *http.Client
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
@@ -261,7 +262,8 @@ func (n *Node) buildServers() {
 		StallTimeout:  n.cfg.IdleStreamTimeout,
 		Logger:        n.log,
 	})
-	n.public = n.newServer(n.sessions.Wrap(n.routeTopics(n.publicHandler)), n.publicTLS)
+	n.connect = newConnectGateway(n)
+	n.public = n.newServer(n.sessions.Wrap(n.routeConnect(n.routeTopics(n.publicHandler))), n.publicTLS)
 	n.public.Protocols = new(http.Protocols)
 	n.public.Protocols.SetHTTP1(true)
 	if n.publicTLS != nil {
@@ -420,6 +422,9 @@ func (n *Node) closeResources() {
 		n.broker.Close()
 	}
 	n.closeTopics()
+	if n.connect != nil {
+		n.connect.Close()
+	}
 	if n.tunnels != nil {
 		n.tunnels.Close()
 	}

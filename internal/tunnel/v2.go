@@ -58,13 +58,14 @@ var ErrNoHTTPService = errors.New("the device's agent offers no HTTP service")
 // keep-alive by net/http, so that the relay is the only HTTP stack and
 // the agent copies bytes.
 type muxCarrier struct {
-	device string
-	ms     *mux.Session
-	svc    service.Announced
-	path   string          // svc.Path unescaped
-	ok     bool            // the agent announced service.Default
-	h1     *http.Transport // HTTP/1.1 connections: every request of an HTTP/1.1 service, the upgrades of an h2c one
-	h2     *http.Transport // for an h2c service, its requests but upgrades; nil otherwise
+	device   string
+	ms       *mux.Session
+	services map[string]service.Announced // what the agent announced, by name
+	svc      service.Announced
+	path     string          // svc.Path unescaped
+	ok       bool            // the agent announced service.Default
+	h1       *http.Transport // HTTP/1.1 connections: every request of an HTTP/1.1 service, the upgrades of an h2c one
+	h2       *http.Transport // for an h2c service, its requests but upgrades; nil otherwise
 }
 
 // MaxWindow bounds a version 2 stream's receive window, at both ends: the
@@ -88,7 +89,7 @@ const streamIdleTimeout = 30 * time.Second
 const maxIdleStreams = 256
 
 func newMuxCarrier(device string, ms *mux.Session, services map[string]service.Announced) *muxCarrier {
-	c := &muxCarrier{device: device, ms: ms}
+	c := &muxCarrier{device: device, ms: ms, services: services}
 	c.svc, c.ok = services[service.Default]
 	c.path, _ = url.PathUnescape(c.svc.Path)
 	c.h1 = c.transport(false)

@@ -1,0 +1,254 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+
+	"github.com/switchboard-relay/switchboard/internal/access"
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/connect"
+	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/relay"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
+)
+
+// connectDeviceHeader names, on a relay's signed forward of connect
+// streams, the one device the forward's session may reach: the peer
+// signature is made for it.
+const connectDeviceHeader = "X-Switchboard-Connect-Device"
+
+// connectGateway serves switchboard connect on the public listener: users'
+// sessions, whose streams go to the device's agent here or one hop to the
+// relay holding the device, and other relays' signed forwards, whose
+// streams go to an agent here and nowhere else.
+type connectGateway struct {
+	n           *Node
+	users, peer *connect.Handler
+
+	mu      sync.Mutex                 // guards the fields below
+	clients map[string]*connect.Client // forwards, by holder and device
+	closed  bool                       // Close was called: no more forwards
+}
+
+func newConnectGateway(n *Node) *connectGateway {
+	g := &connectGateway{n: n, clients: map[string]*connect.Client{}}
+	log := n.log.With(logkey.Component, "connect")
+	g.users = &connect.Handler{Open: openerFunc(g.openAnywhere), Authorize: n.authorizeConnect, Logger: log}
+	g.peer = &connect.Handler{Open: openerFunc(g.openHere), Authorize: n.authorizeConnectPeer, Logger: log}
+	return g
+}
+
+// ServeHTTP serves one connect session until it ends, the credential that
+// opened it is revoked, or the relay stops.
+func (g *connectGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(g.n.stopCtx, cancel)
+	defer stop()
+	r = r.WithContext(ctx)
+	if r.Header.Get(peer.Header) != "" {
+		g.peer.ServeHTTP(w, r)
+		return
+	}
+	g.users.ServeHTTP(w, r)
+}
+
+// routeConnect sends switchboard connect's upgrades to the gateway.
+func (n *Node) routeConnect(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == connect.Path {
+			n.connect.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// openerFunc is a function as a connect.Opener.
+type openerFunc func(ctx context.Context, t connect.Target) (net.Conn, error)
+
+var _ connect.Opener = openerFunc(nil)
+
+func (f openerFunc) Open(ctx context.Context, t connect.Target) (net.Conn, error) { return f(ctx, t) }
+
+// openHere opens a stream to the service on an agent of the device on this
+// relay.
+func (g *connectGateway) openHere(ctx context.Context, t connect.Target) (net.Conn, error) {
+	conn, err := g.n.tunnels.OpenService(ctx, t.Device, t.Service)
+	if err != nil {
+		return nil, connectError(err)
+	}
+	return &serviceConn{Conn: conn}, nil
+}
+
+// openAnywhere opens a stream here when an agent of the device is here,
+// else through the relay that holds the device, one hop.
+func (g *connectGateway) openAnywhere(ctx context.Context, t connect.Target) (net.Conn, error) {
+	conn, err := g.openHere(ctx, t)
+	if !errors.Is(err, connect.ErrNoDevice) {
+		return conn, err
+	}
+	to, ok := g.n.view(g.n.forwardVetoed).Route(t.Device, "")
+	if !ok || to.Self || to.Address == "" {
+		return nil, err
+	}
+	c, err := g.client(to.ID, to.Address, t.Device)
+	if err != nil {
+		return nil, err
+	}
+	return c.Dial(ctx, t)
+}
+
+// client returns the session to the holder for device, made at first use
+// and reused by every later stream to the device through that holder.
+func (g *connectGateway) client(holder, address, device string) (*connect.Client, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, fmt.Errorf("%w: this relay is stopping", connect.ErrNoDevice)
+	}
+	key := holder + "\x00" + device
+	if c, ok := g.clients[key]; ok {
+		return c, nil
+	}
+	u, err := url.Parse(address)
+	if err != nil {
+		return nil, fmt.Errorf("%w: relay %s advertises %q: %w", connect.ErrNoDevice, holder, address, err)
+	}
+	c := connect.NewClient(connect.ClientConfig{
+		Relay: u,
+		TLS:   g.n.peerTLS,
+		Sign: func(h http.Header) {
+			h.Set(connectDeviceHeader, device)
+			g.n.signer.Sign(h, device)
+		},
+	})
+	g.clients[key] = c
+	return c, nil
+}
+
+// Close ends the forwards' sessions.
+func (g *connectGateway) Close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	for _, c := range g.clients {
+		c.Close()
+	}
+	clear(g.clients)
+}
+
+// connectError maps the tunnel's errors to what connect tells the user.
+func connectError(err error) error {
+	var se *tunnel.ServiceError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, tunnel.ErrNoAgent):
+		return fmt.Errorf("%w: %w", connect.ErrNoDevice, err)
+	case errors.Is(err, tunnel.ErrUnknownService):
+		return fmt.Errorf("%w: %w", connect.ErrUnknownService, err)
+	case errors.As(err, &se):
+		switch se.Code {
+		case tunnel.CodeUnknownService:
+			return fmt.Errorf("%w: %w", connect.ErrUnknownService, err)
+		case tunnel.CodeServiceRefused:
+			return fmt.Errorf("%w: %w", connect.ErrRefused, err)
+		}
+		return fmt.Errorf("%w: %w", connect.ErrUnreachable, err)
+	}
+	return err
+}
+
+// serviceConn is a stream to an agent's service whose refusals read as
+// connect's errors.
+type serviceConn struct{ net.Conn }
+
+func (c *serviceConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	return n, connectError(err)
+}
+
+func (c *serviceConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	return n, connectError(err)
+}
+
+// CloseWrite half-closes the stream.
+func (c *serviceConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// authorizeConnect checks a user's connect session as authorizeUser
+// checks an HTTP request: a user (or admin) token, filed under its id so
+// that revoking it ends the session, or nothing when anonymous users are
+// allowed. Each stream's device must be one the token may use.
+func (n *Node) authorizeConnect(r *http.Request) (connect.Allow, error) {
+	if code, _ := access.TakeCode(r.URL.RawQuery); code != "" {
+		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "switchboard connect takes a user token, not an access code, for now: pass one with --token-file; an operator creates it with 'switchboard ctl tokens create --user NAME'"}
+	}
+	token := relay.UserToken(r.Header)
+	if token == "" {
+		if n.cfg.AllowAnonymousUsers {
+			return func(connect.Target) error { return nil }, nil
+		}
+		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "this relay needs a user token: pass one with --token-file; an operator creates it with 'switchboard ctl tokens create --user NAME'"}
+	}
+	ip, err := n.backoff(r)
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	p, err := n.tokens.Authenticate(token)
+	n.noteAuth(ip, err)
+	if err != nil {
+		return nil, statusOf(credentialError(err, "user"))
+	}
+	if p.Kind == auth.KindAgent {
+		return nil, &connect.StatusError{Code: http.StatusForbidden, Msg: "this is an agent token; users need a user token"}
+	}
+	n.sessions.Bind(r.Context(), p.TokenID)
+	return func(t connect.Target) error {
+		if err := userMay(p, t.Device); err != nil {
+			return fmt.Errorf("%w: %w", connect.ErrForbidden, err)
+		}
+		return nil
+	}, nil
+}
+
+// authorizeConnectPeer checks another relay's forward of connect streams:
+// a peer signature for the one device the forward names, whose streams
+// alone it may open.
+func (n *Node) authorizeConnectPeer(r *http.Request) (connect.Allow, error) {
+	device := r.Header.Get(connectDeviceHeader)
+	if device == "" {
+		return nil, &connect.StatusError{Code: http.StatusBadRequest, Msg: "a connect forward from another relay names no device (" + connectDeviceHeader + ")"}
+	}
+	if _, err := n.verifyPeer(r, device); err != nil {
+		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: fmt.Sprintf("a connect forward from another relay was refused: %v", err)}
+	}
+	return func(t connect.Target) error {
+		if t.Device != device {
+			return fmt.Errorf("%w: this forward was signed for device %q", connect.ErrForbidden, device)
+		}
+		return nil
+	}, nil
+}
+
+// statusOf turns an error with an HTTP status into connect's.
+func statusOf(err error) error {
+	var hs interface{ HTTPStatus() int }
+	if errors.As(err, &hs) {
+		return &connect.StatusError{Code: hs.HTTPStatus(), Msg: err.Error()}
+	}
+	return err
+}
