@@ -220,10 +220,7 @@ func TestRoundTripLoop(t *testing.T) {
 					t.Fatal(err)
 				}
 				if c.later != nil {
-					go func() {
-						time.Sleep(time.Second) // virtual time
-						s.change(c.later)
-					}()
+					time.AfterFunc(time.Second, func() { s.change(c.later) }) // a second of virtual time
 				}
 				start := time.Now()
 				resp, err := f.RoundTrip(req)
