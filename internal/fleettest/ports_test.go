@@ -196,3 +196,41 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// TestPortInUseOnOneRelay: a mapped port in use on one relay's host stays
+// closed there alone, and that relay says so in a fleet event; the other
+// relay serves it.
+func TestPortInUseOnOneRelay(t *testing.T) {
+	relays, hosts := portFleet(t)
+	holder, _ := HolderFor(t, relays, "robot")
+	agentTok := FleetToken(t, relays, auth.KindAgent, "robot-agent", "robot")
+	StartAgent(t, holder, "robot", "http://127.0.0.1:1", agentTok, withServices(t, "echo=tcp://"+echoService(t)))
+	holder.WaitDevice(t, "robot")
+	taken, err := net.Listen("tcp", net.JoinHostPort(hosts[1], "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := strconv.Itoa(taken.Addr().(*net.TCPAddr).Port)
+	mustCtl(t, relays[0], "ports", "add", port, "robot/echo")
+	Eventually(t, 10*time.Second, func() error {
+		got, err := echoPort(net.JoinHostPort(hosts[0], port), "hi")
+		if err == nil && got != "hi" {
+			err = fmt.Errorf("echoed %q", got)
+		}
+		return err
+	})
+	c := &control.Client{BaseURL: relays[0].AdminURL, Token: relays[0].AdminToken}
+	Eventually(t, 10*time.Second, func() error {
+		events, err := c.Events(t.Context(), 100)
+		if err != nil {
+			return err
+		}
+		for _, e := range events {
+			if e.Type == node.EventPortsFailed && e.RelayID == relays[1].Node.Fleet().ID() && strings.Contains(e.Message, "tcp port "+port+" for robot/echo") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s event of relay 2 for port %s in %d events", node.EventPortsFailed, port, len(events))
+	})
+}
