@@ -25,8 +25,11 @@ var layers = [][]string{
 	// the HTTP libraries and of mux.
 	{"auth", "peer", "broker", "fleet", "replay"},
 	{"access", "longpoll", "tunnel", "auth/authtest", "fleetsecret", "topic", "connect"},
+	// The fleet's mapped ports: their state, and listeners that open
+	// connections through connect's Opener; the operator API manages them.
+	{"ports"},
 	// The parts a relay and an agent are made of.
-	{"relay", "router", "agent", "control", "ports"},
+	{"relay", "router", "agent", "control"},
 	// One relay, wired.
 	{"node"},
 	// The command line and the in-process fleet of the tests.

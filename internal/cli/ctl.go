@@ -46,6 +46,11 @@ commands:
   devices show NAME     show one device and its relay
   devices cancel NAME   drop every session of a device on every relay; its agents reconnect
   topics                list the broadcast topics on this relay: readers, relays fed, drops
+  ports add PORT DEVICE/SERVICE [--udp] [--allow CIDR,...] [--max-connections N] [--proxy-protocol]
+                        listen on PORT on every relay and carry each connection to the service
+  ports list            list the mapped ports
+  ports remove PORT [--udp]
+                        unmap a port: every relay closes it
   tokens create --device NAME [--device NAME...] [--name TEXT]
                         create an agent token that may serve these devices
   tokens create --user NAME [--device NAME...]
@@ -77,7 +82,7 @@ flags:
 `
 
 // ctlCommands are the ctl commands this build has.
-const ctlCommands = "relays, devices, topics, tokens, codes, events, status, roll, secret, stop"
+const ctlCommands = "relays, devices, topics, ports, tokens, codes, events, status, roll, secret, stop"
 
 // ctlGlobals are the flags every ctl command takes.
 type ctlGlobals struct {
@@ -177,6 +182,8 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return runDevices(ctx, g, rest[1:], stdout, stderr)
 	case "topics":
 		return runTopics(ctx, g, rest[1:], stdout, stderr)
+	case "ports":
+		return runPorts(ctx, g, rest[1:], stdout, stderr)
 	case "tokens":
 		return runTokens(ctx, g, rest[1:], stdout, stderr)
 	case "codes":

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,6 +83,8 @@ const (
 //	PUBLIC1                      relay 1's public URL, for agents
 //	RELAY1, RELAY2, RELAY3       the relays' ids
 //	TOKEN_FILE                   relay 1's admin token
+//	PUBLIC1_PORT                 relay 1's public listener's port
+//	FREE_PORT                    a TCP port free when the script began
 //
 // Relay 1's data directory is $WORK/switchboard-data, the ctl default, so
 // that 'switchboard ctl --admin $ADMIN …' needs no --token-file. Every relay
@@ -133,10 +136,27 @@ func startFleet(env *testscript.Env) error {
 		env.Setenv("RELAY"+suffix, n.Fleet().ID())
 	}
 	env.Setenv("TOKEN_FILE", nodes[0].AdminTokenPath())
+	_, port, _ := net.SplitHostPort(nodes[0].Addr())
+	env.Setenv("PUBLIC1_PORT", port)
+	free, err := freePort()
+	if err != nil {
+		return err
+	}
+	env.Setenv("FREE_PORT", strconv.Itoa(free))
 	// A binary built with -race sleeps a second on exit by default; the
 	// scripts run it dozens of times.
 	env.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	return nil
+}
+
+// freePort returns a TCP port that was free a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // waitFleet polls until every node sees every node fresh and accepts the

@@ -5,6 +5,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
+	"github.com/switchboard-relay/switchboard/internal/ports"
 )
 
 // The types below are the JSON of the operator API (/api/v1) and of
@@ -344,4 +345,38 @@ func secretRecordFrom(r fleetsecret.RecordInfo) SecretRecord {
 		out.Rotation = &Rotation{Phase: rot.Phase, From: rot.From, To: rot.To, StartedAt: rot.StartedAt, By: rot.By}
 	}
 	return out
+}
+
+// PortRequest maps a port of every relay: POST /api/v1/ports.
+type PortRequest struct {
+	Port    int    `json:"port"`              // 1 to 65535
+	Network string `json:"network,omitempty"` // "tcp" (the default) or "udp"
+	Target  string `json:"target"`            // DEVICE/SERVICE
+	// Allow, if set, lists the source addresses or CIDR prefixes that may
+	// connect; others are closed at once.
+	Allow []string `json:"allow,omitempty"`
+	// MaxConnections bounds the connections (UDP: flows) open at once
+	// through one relay; 0 means no bound.
+	MaxConnections int `json:"max_connections,omitempty"`
+	// ProxyProtocol sends the service a PROXY protocol v2 header first
+	// (tcp only).
+	ProxyProtocol bool `json:"proxy_protocol,omitempty"`
+}
+
+// PortMapping is a mapped port: GET /api/v1/ports (by network and port),
+// the answer of POST and of DELETE /api/v1/ports/{network}/{port}.
+type PortMapping struct {
+	Port           int       `json:"port"`
+	Network        string    `json:"network"` // "tcp" or "udp"
+	Target         string    `json:"target"`  // DEVICE/SERVICE
+	Allow          []string  `json:"allow"`   // [] when every source may connect
+	MaxConnections int       `json:"max_connections"`
+	ProxyProtocol  bool      `json:"proxy_protocol"`
+	CreatedAt      time.Time `json:"created_at"`
+	CreatedBy      string    `json:"created_by"` // the admin token's name, "" when none
+}
+
+func portMappingFrom(m ports.Mapping) PortMapping {
+	return PortMapping{Port: m.Port, Network: m.Network, Target: m.Target, Allow: nonNil(m.Allow),
+		MaxConnections: m.MaxConns, ProxyProtocol: m.ProxyProtocol, CreatedAt: m.CreatedAt, CreatedBy: m.CreatedBy}
 }

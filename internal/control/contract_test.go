@@ -17,6 +17,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
+	"github.com/switchboard-relay/switchboard/internal/ports"
 )
 
 // updateGolden rewrites testdata/api/*.json from the answers of this build:
@@ -144,8 +145,12 @@ func TestAPIContract(t *testing.T) {
 	codes := func(_ auth.Principal, device, scope string, _ time.Duration) (string, time.Time, error) {
 		return "sbc1_golden", goldenTime.Add(30 * time.Second), nil
 	}
+	portStore := newMemPorts(
+		ports.Mapping{Port: 2222, Network: ports.TCP, Target: "robot-1/ssh", Allow: []string{"192.0.2.0/24"}, MaxConns: 8, ProxyProtocol: true, CreatedAt: goldenTime, CreatedBy: "ops"},
+		ports.Mapping{Port: 5353, Network: ports.UDP, Target: "robot-1/dns", CreatedAt: goldenTime},
+	)
 	srv := httptest.NewServer(NewHandler(Config{Tokens: f.tokens, Fleet: newGoldenFleet(), Secret: goldenSecret{},
-		Codes: codes, Stop: func() {}}))
+		Codes: codes, Stop: func() {}, Ports: portStore}))
 	t.Cleanup(srv.Close)
 	c := &Client{BaseURL: srv.URL, Token: f.admin, HTTPClient: srv.Client()}
 	userToken, _, err := f.tokens.Create(t.Context(), auth.CreateRequest{Kind: auth.KindUser, Name: "alice", Devices: []string{"robot-1"}})
@@ -182,10 +187,13 @@ func TestAPIContract(t *testing.T) {
 			return c.CreateCode(ctx, CodeRequest{Device: "robot-1", Path: "/ui/"})
 		}},
 		{"stop", "POST", PathStop, "", "", nil},
+		{"ports", "GET", PathPorts, "", "", func() (any, error) { return c.ListPorts(ctx) }},
+		{"port_add", "POST", PathPorts, `{"port": 6379, "target": "robot-1/redis", "allow": ["10.0.0.0/8"], "max_connections": 4}`, "", nil},
+		{"port_remove", "DELETE", PathPorts + "/udp/5353", "", "", nil},
 	}
 	// The ids, secrets and times of these answers are new on each run: the
 	// golden files hold them as placeholders.
-	volatile := map[string]bool{"token_create": true}
+	volatile := map[string]bool{"token_create": true, "port_add": true}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			token := tt.token

@@ -66,6 +66,12 @@ type Config struct {
 	// Topics, if set, lists the broadcast topics on this relay (GET
 	// /api/v1/topics and the admin page); nil lists none.
 	Topics func() []topic.Stats
+	// Ports, if set, holds the fleet's port mappings (/api/v1/ports); nil
+	// answers 503.
+	Ports PortStore
+	// OwnPorts, if set, returns the ports of this relay's own listeners
+	// (public and admin), which no tcp mapping may take: 409.
+	OwnPorts func() []int
 	// Stop, if set, makes the relay drain and stop as on SIGTERM (POST
 	// /api/v1/relay/stop, a preStop hook's call); nil answers 503.
 	Stop func()
@@ -102,6 +108,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.Handle("POST "+PathStop, h.admin(h.stop))
 	h.routeFleet(mux)
 	h.routeTopics(mux)
+	h.routePorts(mux)
 	h.routeAdmin(mux)
 	// Go's profiles, for the admin token only: they show the relay's
 	// internals and a CPU profile costs CPU while it runs.

@@ -31,6 +31,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/ports"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/secret"
@@ -63,10 +64,14 @@ type Node struct {
 	adminFails    *limit.Limiter // the same on the admin listener: the operator's budget is apart
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
-	connect       *connectGateway // switchboard connect's sessions
-	placer        *router.Placer  // native agents
-	calls         *router.Calls   // long-poll agents' calls
-	backs         sendBacks       // KeepArrivingAgents: when each device's agents were last asked back
+	connect       *connectGateway  // switchboard connect's sessions
+	ports         *ports.Store     // the fleet's port mappings
+	portListeners *ports.Listeners // this relay's mapped ports
+	portsMu       sync.Mutex       // guards portsFailed
+	portsFailed   string           // the last failure to open mapped ports, told once
+	placer        *router.Placer   // native agents
+	calls         *router.Calls    // long-poll agents' calls
+	backs         sendBacks        // KeepArrivingAgents: when each device's agents were last asked back
 	probeClient   *http.Client
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
@@ -155,7 +160,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.subscribeSpentCodes(); err != nil {
 		return nil, err
 	}
+	if err := n.openPorts(ctx); err != nil {
+		return nil, err
+	}
 	n.buildServers()
+	n.listenPorts()
 	n.ready.Store(true)
 	n.serve(n.public, n.publicLn)
 	n.serve(n.admin, n.adminLn)
@@ -282,6 +291,8 @@ func (n *Node) buildServers() {
 		Ready:        n.ready.Load,
 		Draining:     n.draining,
 		Topics:       n.Topics,
+		Ports:        n.ports,
+		OwnPorts:     n.ownPorts,
 		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
@@ -422,6 +433,7 @@ func (n *Node) closeResources() {
 		n.broker.Close()
 	}
 	n.closeTopics()
+	n.closePorts()
 	if n.connect != nil {
 		n.connect.Close()
 	}

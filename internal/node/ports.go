@@ -1,0 +1,91 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/ports"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
+)
+
+// EventPortsFailed is recorded when this relay cannot open mapped ports
+// (in use on its host, say): the others stay open.
+const EventPortsFailed = "ports.failed"
+
+// openPorts opens the fleet's port mappings.
+func (n *Node) openPorts(ctx context.Context) error {
+	kv, err := n.store.KeyValue(ctx, ports.Bucket)
+	if err != nil {
+		return fmt.Errorf("open port bucket: %w", err)
+	}
+	if n.ports, err = ports.OpenStore(ctx, kv, n.log); err != nil {
+		return err
+	}
+	n.store.OnReconnect(n.ports.Resync)
+	return nil
+}
+
+// listenPorts listens on each mapped port, on the public listener's host,
+// from now on, carrying each connection as switchboard connect does: to
+// an agent here, or one hop to the relay holding the device.
+func (n *Node) listenPorts() {
+	host, _, _ := net.SplitHostPort(n.cfg.Listen)
+	n.portListeners = &ports.Listeners{Host: host, Open: openerFunc(n.connect.openAnywhere), Logger: n.log}
+	n.ports.OnChange(n.applyPorts)
+	n.applyPorts()
+}
+
+// applyPorts opens and closes this relay's ports as the mappings say, and
+// tells of the ports it could not open, once per different failure.
+func (n *Node) applyPorts() {
+	err := n.portListeners.Apply(n.ports.List())
+	n.portsMu.Lock()
+	defer n.portsMu.Unlock()
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg == n.portsFailed {
+		return
+	}
+	n.portsFailed = msg
+	if err == nil {
+		return
+	}
+	n.log.Warn("mapped ports not open on this relay", logkey.Err, err)
+	if n.member != nil {
+		n.member.Record(fleet.Event{Type: EventPortsFailed, RelayID: n.relayID, Message: fmt.Sprintf("relay %s could not open mapped ports: %v", n.relayID, err)})
+	}
+}
+
+// ownPorts returns the ports of this relay's own listeners, which no
+// mapping may take.
+func (n *Node) ownPorts() []int {
+	var out []int
+	for _, ln := range []net.Listener{n.publicLn, n.adminLn} {
+		if ln == nil {
+			continue
+		}
+		if _, p, err := net.SplitHostPort(ln.Addr().String()); err == nil {
+			if port, err := strconv.Atoi(p); err == nil {
+				out = append(out, port)
+			}
+		}
+	}
+	return out
+}
+
+// closePorts stops mirroring the mappings, then closes the mapped ports:
+// in that order, so that no change opens them again.
+func (n *Node) closePorts() {
+	if n.ports != nil {
+		n.ports.Close()
+	}
+	if n.portListeners != nil {
+		n.portListeners.Close()
+	}
+}
