@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // camera serves /stream.mjpeg: a multipart/x-mixed-replace stream of
@@ -161,14 +162,30 @@ func fanoutViewers(r *Relay) int {
 // TestBroadcastPathFetchedOncePerFleet: an agent marks /stream.mjpeg a
 // broadcast; two viewers on each of three relays make the device serve
 // one GET, and each relay one copy from the holder. Every viewer gets
-// whole frames in order from the one after it joined.
+// whole frames in order from the one after it joined. A version 1 or
+// long-poll agent marks the answers itself; for a version 2 agent, which
+// does not parse HTTP, the relay marks them from its announcement.
 func TestBroadcastPathFetchedOncePerFleet(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*agent.Config)
+	}{
+		{"native", func(*agent.Config) {}},
+		{"native-v1", func(c *agent.Config) { c.TunnelVersion = tunnel.V1 }},
+		{"longpoll", func(c *agent.Config) { c.Protocol = agent.ProtocolLongPoll }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testBroadcastPathFetchedOnce(t, tc.set) })
+	}
+}
+
+func testBroadcastPathFetchedOnce(t *testing.T, set func(*agent.Config)) {
 	relays := StartFleet(t, 3)
 	holder, others := HolderFor(t, relays, "cam")
 	cam := newCamera()
 	backend := httptestServer(t, cam)
 	StartAgent(t, holder, "cam", backend, holder.Token(t, auth.KindAgent, "cam agent", "cam"), func(c *agent.Config) {
 		c.BroadcastPaths = []string{"/stream.mjpeg"}
+		set(c)
 	})
 	holder.WaitDevice(t, "cam")
 	tok := FleetToken(t, relays, auth.KindUser, "viewer", "cam")
