@@ -71,20 +71,7 @@ func serveEcho(addr string) error {
 			w.Write([]byte("ok"))
 			return
 		}
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer c.CloseNow()
-		for {
-			typ, msg, err := c.Read(r.Context())
-			if err != nil {
-				return
-			}
-			if err := c.Write(r.Context(), typ, msg); err != nil {
-				return
-			}
-		}
+		benchkit.WebSocketEcho(w, r)
 	})
 	srv := &http.Server{Addr: addr, Handler: h}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -27,24 +27,8 @@ func (o echoOpener) Open(ctx context.Context, t connect.Target) (net.Conn, error
 }
 
 func connectRelay(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
-	h := &connect.Handler{Open: echoOpener{ln.Addr().String()}, Authorize: func(r *http.Request) (connect.Allow, error) {
+	echoAddr := testkit.ServeTCP(t, func(c net.Conn) { io.Copy(c, c) })
+	h := &connect.Handler{Open: echoOpener{echoAddr}, Authorize: func(r *http.Request) (connect.Allow, error) {
 		if r.Header.Get("Authorization") != "Bearer sbu_good" {
 			return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "no valid token"}
 		}

@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/coder/websocket"
 	"io"
 	"log"
 	"net"
@@ -195,4 +196,23 @@ func FirstOK(ctx context.Context, url func(i int) string, start time.Time, withi
 		}
 	}
 	return -1
+}
+
+// WebSocketEcho accepts a websocket and sends every message back, until
+// the peer goes: the backend of the websocket measurements.
+func WebSocketEcho(w http.ResponseWriter, r *http.Request) {
+	c, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	defer c.CloseNow()
+	for {
+		typ, msg, err := c.Read(r.Context())
+		if err != nil {
+			return
+		}
+		if err := c.Write(r.Context(), typ, msg); err != nil {
+			return
+		}
+	}
 }

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/coder/websocket"
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 )
@@ -76,7 +76,7 @@ func StartBackend() (*Backend, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	mux.HandleFunc("/stream", stream)
-	mux.HandleFunc("/ws", echo)
+	mux.HandleFunc("/ws", benchkit.WebSocketEcho)
 	b := &Backend{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, url: &url.URL{Scheme: "http", Host: ln.Addr().String()}}
 	go b.srv.Serve(ln)
 	return b, nil
@@ -98,23 +98,6 @@ func stream(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-t.C:
-		}
-	}
-}
-
-func echo(w http.ResponseWriter, r *http.Request) {
-	c, err := websocket.Accept(w, r, nil)
-	if err != nil {
-		return
-	}
-	defer c.CloseNow()
-	for {
-		typ, msg, err := c.Read(r.Context())
-		if err != nil {
-			return
-		}
-		if err := c.Write(r.Context(), typ, msg); err != nil {
-			return
 		}
 	}
 }
