@@ -124,7 +124,7 @@ func TestManyConnectionsOneUpgrade(t *testing.T) {
 	errs := make(chan error, 50)
 	for i := range 50 {
 		wg.Go(func() {
-			conn, err := f.client.Dial(context.Background(), Target{"robot", "echo"})
+			conn, err := f.client.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 			if err != nil {
 				errs <- err
 				return
@@ -158,11 +158,11 @@ func TestRefusalsSayWhy(t *testing.T) {
 		target Target
 		want   error
 	}{
-		{Target{"robot", "nope"}, ErrUnknownService},
-		{Target{"other", "echo"}, ErrNoDevice},
-		{Target{"robot", "secret"}, ErrForbidden},
-		{Target{"robot", "down"}, ErrRefused},
-		{Target{"robot", "late"}, ErrRefused},
+		{Target{Device: "robot", Service: "nope"}, ErrUnknownService},
+		{Target{Device: "other", Service: "echo"}, ErrNoDevice},
+		{Target{Device: "robot", Service: "secret"}, ErrForbidden},
+		{Target{Device: "robot", Service: "down"}, ErrRefused},
+		{Target{Device: "robot", Service: "late"}, ErrRefused},
 	} {
 		conn, err := f.client.Dial(context.Background(), tc.target)
 		if err != nil {
@@ -175,7 +175,7 @@ func TestRefusalsSayWhy(t *testing.T) {
 		conn.Close()
 	}
 	// The connection to the fleet survives them.
-	conn, _ := f.client.Dial(context.Background(), Target{"robot", "echo"})
+	conn, _ := f.client.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 	defer conn.Close()
 	conn.Write([]byte("still here"))
 	buf := make([]byte, 10)
@@ -186,7 +186,7 @@ func TestRefusalsSayWhy(t *testing.T) {
 
 func TestBadCredentialRefusedAtTheUpgrade(t *testing.T) {
 	f := setup(t, "bad")
-	_, err := f.client.Dial(context.Background(), Target{"robot", "echo"})
+	_, err := f.client.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 	var he *HandshakeError
 	if !errors.As(err, &he) || he.Status != http.StatusUnauthorized || !strings.Contains(he.Message, "--token-file") {
 		t.Fatalf("dial with a bad token: %v", err)
@@ -220,7 +220,7 @@ func TestFirstFramesRightAfterThe101(t *testing.T) {
 	u := f.client.cfg.Relay
 	for i := range 100 {
 		c := NewClient(ClientConfig{Relay: u, Token: "good"})
-		conn, err := c.Dial(context.Background(), Target{"robot", "echo"})
+		conn, err := c.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 		if err == nil {
 			conn.Write([]byte("hi"))
 			buf := make([]byte, 2)
@@ -257,7 +257,7 @@ func TestRequestEndEndsTheSession(t *testing.T) {
 	u, _ := url.Parse(srv.URL)
 	c := NewClient(ClientConfig{Relay: u})
 	defer c.Close()
-	conn, err := c.Dial(context.Background(), Target{"robot", "echo"})
+	conn, err := c.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func TestOpenService(t *testing.T) {
 		service.Service{Name: "down", Kind: service.TCP, Addr: "127.0.0.1:1"},
 	)
 	ctx := context.Background()
-	conn, err := pool.OpenService(ctx, "dev", "echo")
+	conn, err := pool.OpenService(ctx, "dev", "echo", service.TCP)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,15 +45,15 @@ func TestOpenService(t *testing.T) {
 	}
 	conn.Close()
 
-	if _, err := pool.OpenService(ctx, "ghost", "echo"); !errors.Is(err, ErrNoAgent) {
+	if _, err := pool.OpenService(ctx, "ghost", "echo", service.TCP); !errors.Is(err, ErrNoAgent) {
 		t.Errorf("no agent: %v, want ErrNoAgent", err)
 	}
 	for _, name := range []string{"nope", service.Default} { // not announced; announced as HTTP
-		if _, err := pool.OpenService(ctx, "dev", name); !errors.Is(err, ErrUnknownService) {
+		if _, err := pool.OpenService(ctx, "dev", name, service.TCP); !errors.Is(err, ErrUnknownService) {
 			t.Errorf("%s: %v, want ErrUnknownService", name, err)
 		}
 	}
-	conn, err = pool.OpenService(ctx, "dev", "down")
+	conn, err = pool.OpenService(ctx, "dev", "down", service.TCP)
 	if err != nil {
 		t.Fatal(err)
 	}
