@@ -89,7 +89,12 @@ func TestTLSPassthroughBySNI(t *testing.T) {
 			}
 		}
 
-		// The relay's own name: the relay's certificate and its API.
+		// A name outside the zone, and none at all (Go sends no SNI for an
+		// IP address): the relay's own certificate and API.
+		out, err = sClient(t.Context(), openssl, addr, "localhost", relayCA.File)
+		if err != nil || !strings.Contains(out, "Verify return code: 0 (ok)") || !strings.Contains(out, "CN=relay") && !strings.Contains(out, "CN = relay") {
+			t.Fatalf("the relay's own name through the %s: %v\n%s", name, err, out)
+		}
 		resp, err := relayCA.Client(t, true).Get(r.URL + "/healthz")
 		if err != nil {
 			t.Fatalf("the relay's own TLS through the %s: %v", name, err)
