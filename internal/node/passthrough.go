@@ -124,24 +124,31 @@ func (l *sniListener) route(c net.Conn) {
 	ctx, cancel := context.WithTimeout(l.ctx, l.hello)
 	hello, err := sni.ReadHello(ctx, c)
 	cancel()
-	var name sni.Name
-	if err == nil {
-		name, err = sni.ParseName(hello.ServerName, l.zone)
-	}
-	if err == nil || !errors.Is(err, sni.ErrNotInZone) && hello.ServerName != "" {
-		defer l.untrack(c)
-		defer c.Close()
-		if err != nil { // under the zone, but not SERVICE--DEVICE
-			l.log.Info("passthrough refused", logkey.Source, c.RemoteAddr().String(), logkey.Name, hello.ServerName, logkey.Err, err)
-			writeAlert(c, alertUnrecognizedName)
-			return
-		}
-		l.passthrough(c, hello, name)
+	if err != nil { // no name, not TLS, too slow: the relay's own TLS answers
+		l.toServer(c, hello.Raw)
 		return
 	}
-	l.untrack(c) // the relay's server owns it from here
+	name, err := sni.ParseName(hello.ServerName, l.zone)
+	if errors.Is(err, sni.ErrNotInZone) { // the relay's own names
+		l.toServer(c, hello.Raw)
+		return
+	}
+	defer l.untrack(c)
+	defer c.Close()
+	if err != nil { // under the zone, but not SERVICE--DEVICE
+		l.log.Info("passthrough refused", logkey.Source, c.RemoteAddr().String(), logkey.Name, hello.ServerName, logkey.Err, err)
+		writeAlert(c, alertUnrecognizedName)
+		return
+	}
+	l.passthrough(c, hello, name)
+}
+
+// toServer hands c to the relay's own TLS server, the bytes read from it
+// first.
+func (l *sniListener) toServer(c net.Conn, read []byte) {
+	l.untrack(c) // the server owns it from here
 	select {
-	case l.conns <- &replayConn{Conn: c, head: hello.Raw}:
+	case l.conns <- &replayConn{Conn: c, head: read}:
 	case <-l.done:
 		c.Close()
 	}
