@@ -272,3 +272,31 @@ func TestRequestEndEndsTheSession(t *testing.T) {
 		t.Fatalf("the session outlived its request: %v", err)
 	}
 }
+
+// TestStreamNames: a stream names its target's network after the service
+// for UDP and passthrough, and nothing else is taken.
+func TestStreamNames(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Target
+		ok   bool
+	}{
+		{"robot/ssh", Target{Device: "robot", Service: "ssh", Network: TCP}, true},
+		{"robot/voice/udp", Target{Device: "robot", Service: "voice", Network: UDP}, true},
+		{"robot/web/passthrough", Target{Device: "robot", Service: "web", Network: Passthrough}, true},
+		{"robot/voice/sctp", Target{}, false},
+		{"robot/voice/udp/x", Target{}, false},
+		{"robot//udp", Target{}, false},
+		{"/voice/udp", Target{}, false},
+	} {
+		got, err := parseMeta(tc.in)
+		if (err == nil) != tc.ok || tc.ok && got != tc.want {
+			t.Errorf("parseMeta(%q) = %+v, %v", tc.in, got, err)
+		}
+		if tc.ok {
+			if back, _ := parseMeta(got.meta()); back != got {
+				t.Errorf("%q: meta %q reads back as %+v", tc.in, got.meta(), back)
+			}
+		}
+	}
+}
