@@ -22,8 +22,8 @@ var layers = [][]string{
 	// Pure policy, protocol and plumbing: nothing below but the shared.
 	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols; replay reads the errors of
-	// the HTTP libraries and of mux.
-	{"auth", "peer", "broker", "fleet", "replay"},
+	// the HTTP libraries and of mux; flows carries UDP flows over streams.
+	{"auth", "peer", "broker", "fleet", "replay", "flows"},
 	{"access", "longpoll", "tunnel", "auth/authtest", "fleetsecret", "topic", "connect"},
 	// The fleet's mapped ports: their state, and listeners that open
 	// connections through connect's Opener; the operator API manages them.

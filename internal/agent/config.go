@@ -82,6 +82,12 @@ type Config struct {
 	// (named service.Default), announced to a version 2 relay; the relay
 	// may open streams to these and nothing else. Default none.
 	Services []service.Service
+	// Passthrough names services of Services, tcp:// ones that serve TLS
+	// themselves, that anyone may reach through the relays' TLS listener
+	// by SNI (SERVICE--DEVICE.ZONE) with no credential: the device's owner
+	// says so here, and the service authenticates its users. Default
+	// none: a service is reached only with a user token.
+	Passthrough []string
 	// TunnelVersion is the newest native tunnel version to offer:
 	// tunnel.V2 (the default), which falls back to tunnel.V1 against a
 	// relay that lacks it, or tunnel.V1 alone.

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"net"
+	"slices"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
@@ -42,6 +44,16 @@ func (c *Config) services() ([]service.Service, error) {
 		}
 		list = append(list, sv)
 	}
+	for _, name := range c.Passthrough {
+		i := slices.IndexFunc(list, func(sv service.Service) bool { return sv.Name == name })
+		switch {
+		case i < 0:
+			return nil, invalidf("Passthrough", "names %q, which is no service of the agent: give it with --service %s=tcp://HOST:PORT", name, name)
+		case list[i].Kind != service.TCP || list[i].TLS:
+			return nil, invalidf("Passthrough", "names %q, which is not a tcp:// service: passthrough carries the user's TLS to a service that terminates it, so give it as %s=tcp://HOST:PORT", name, name)
+		}
+		list[i].Passthrough = true
+	}
 	return list, nil
 }
 
@@ -59,11 +71,20 @@ func (a *Agent) dialStream(ctx context.Context, name string) (net.Conn, error) {
 }
 
 // dialService connects to sv: TCP, then TLS when sv says so, verified with
-// the agent's backend CAs.
+// the agent's backend CAs; for UDP, a socket connected to it, carrying
+// one flow (internal/flows).
 func (a *Agent) dialService(ctx context.Context, sv service.Service) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, serviceDialTimeout)
 	defer cancel()
 	d := net.Dialer{KeepAlive: 15 * time.Second}
+	if sv.Kind == service.UDP {
+		conn, err := d.DialContext(ctx, "udp", sv.Addr)
+		if err != nil {
+			return nil, err
+		}
+		log := a.cfg.Logger.With(logkey.Component, "udp", logkey.Device, a.cfg.Device, logkey.Service, sv.Name)
+		return &flows.Socket{Conn: conn, Config: flows.Config{Logger: log}}, nil
+	}
 	conn, err := d.DialContext(ctx, "tcp", sv.Addr)
 	if err != nil || !sv.TLS {
 		return conn, err

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/service"
 )
 
@@ -65,4 +66,59 @@ func TestDialStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
+}
+
+// TestPassthroughServices: --tls-passthrough marks tcp:// services alone,
+// and names a service the agent has.
+func TestPassthroughServices(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:3000")
+	var list []service.Service
+	for _, spec := range []string{"web=tcp://127.0.0.1:8443", "db=tls://db.local:5432", "voice=udp://127.0.0.1:9", "ssh=tcp://127.0.0.1:22"} {
+		sv, err := service.Parse(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, sv)
+	}
+	cfg := Config{Backend: u, Services: list, Passthrough: []string{"web"}}
+	got, err := cfg.services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sv := range got {
+		if sv.Passthrough != (sv.Name == "web") {
+			t.Errorf("%s: passthrough %v", sv.Name, sv.Passthrough)
+		}
+	}
+	for _, name := range []string{"db", "voice", "http", "nope"} {
+		cfg := Config{Backend: u, Services: list, Passthrough: []string{name}}
+		if _, err := cfg.services(); err == nil {
+			t.Errorf("--tls-passthrough %s was taken", name)
+		}
+	}
+}
+
+// TestDialUDPService: a udp:// service is dialled as a connected UDP
+// socket, for the stream's flow.
+func TestDialUDPService(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	voice, _ := service.Parse("voice=udp://" + pc.LocalAddr().String())
+	u, _ := url.Parse("http://127.0.0.1:1")
+	a, err := New(Config{Relays: []*url.URL{u}, Device: "dev", Backend: u, Services: []service.Service{voice}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.dialStream(context.Background(), "voice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, ok := c.(*flows.Socket)
+	if !ok || s.RemoteAddr().String() != pc.LocalAddr().String() || s.LocalAddr().Network() != "udp" {
+		t.Fatalf("dialled %T to %v, want a *flows.Socket connected to %v", c, c.RemoteAddr(), pc.LocalAddr())
+	}
 }

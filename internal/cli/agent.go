@@ -24,7 +24,7 @@ type agentFlags struct {
 	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket                  bool
 	maxChunk, blockSize, pending, tunnelVersion                                    int
 	liveness                                                                       tunnel.Liveness
-	broadcast                                                                      []string
+	broadcast, passthrough                                                         []string
 	services                                                                       []service.Service
 
 	// The reference agent's names, used when ours are not given.
@@ -44,12 +44,19 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&f.token, "token", "", "the agent `token` (prefer --token-file or SWITCHBOARD_TOKEN: flags show in ps)")
 	fs.StringVar(&f.protocol, "protocol", agent.DefaultProtocol, "`protocol` to the relay: native (falls back to longpoll against a relay without it) or longpoll")
-	fs.Func("service", "another service the relay may reach on the device, as `NAME=URL` (ssh=tcp://127.0.0.1:22, db=tls://db.local:5432, grpc=h2c://127.0.0.1:50051); repeatable", func(v string) error {
+	fs.Func("service", "another service the relay may reach on the device, as `NAME=URL` (ssh=tcp://127.0.0.1:22, db=tls://db.local:5432, voice=udp://127.0.0.1:24454, grpc=h2c://127.0.0.1:50051); repeatable", func(v string) error {
 		sv, err := service.Parse(v)
 		if err != nil {
 			return err
 		}
 		f.services = append(f.services, sv)
+		return nil
+	})
+	fs.Func("tls-passthrough", "let anyone reach the tcp:// service `NAME`, a TLS server, through the relays' TLS listener by SNI (NAME--DEVICE.ZONE, see the relay's --sni-zone) with no token: the relay never decrypts, the service authenticates its users; repeatable", func(v string) error {
+		if err := service.CheckName(v); err != nil {
+			return err
+		}
+		f.passthrough = append(f.passthrough, v)
 		return nil
 	})
 	fs.IntVar(&f.tunnelVersion, "tunnel-version", agent.DefaultTunnelVersion, "newest native tunnel `version` to offer: 2 (falls back to 1 against a relay without it) or 1")
@@ -94,6 +101,7 @@ func (f *agentFlags) config() (agent.Config, error) {
 		WebSocket:          f.websocket,
 		Liveness:           f.liveness,
 		Services:           f.services,
+		Passthrough:        f.passthrough,
 		TunnelVersion:      f.tunnelVersion,
 		RelayPrefix:        f.prefix,
 		MaxChunkSize:       f.maxChunk,

@@ -34,7 +34,7 @@ commands:
   serve   run a relay node
   agent   run the device side: connect a local service to the fleet
   ctl     operate the fleet (relays, devices, tokens)
-  connect reach a device's TCP service from this machine
+  connect reach a device's TCP or UDP service from this machine
   version print the version
 
 Run 'switchboard <command> -h' for the flags of a command.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -17,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/switchboard-relay/switchboard/internal/connect"
+	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/splice"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
 
@@ -26,6 +28,7 @@ import (
 // connectFlags are the flags of 'switchboard connect'.
 type connectFlags struct {
 	relay, token, tokenFile, code, listen, rootCA string
+	udp                                           bool
 }
 
 func (f *connectFlags) register(fs *flag.FlagSet) {
@@ -34,6 +37,7 @@ func (f *connectFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.token, "token", "", "a user `token` (prefer --token-file or SWITCHBOARD_TOKEN: flags show in ps)")
 	fs.StringVar(&f.code, "code", "", "an access `code` instead of a token")
 	fs.StringVar(&f.listen, "listen", "", "listen on this `address` (e.g. 127.0.0.1:2222) and carry each connection; without it, carry stdin and stdout (an ssh ProxyCommand)")
+	fs.BoolVar(&f.udp, "udp", false, "carry UDP to a udp:// service: --listen is then a local UDP socket, each source address one flow, ended after 60 s without a datagram")
 	fs.StringVar(&f.rootCA, "ca-file", "", "PEM `file` of the CAs that sign the relays' certificates (https:// relays); empty = the system roots")
 }
 
@@ -57,6 +61,9 @@ func runConnect(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	if err != nil {
 		return &UsageError{Err: err}
 	}
+	if f.udp && f.listen == "" {
+		return usageErrorf("connect: --udp needs --listen ADDR, the local UDP socket to carry (stdin and stdout carry no datagrams)")
+	}
 	cfg, err := f.config()
 	if err != nil {
 		return err
@@ -69,7 +76,11 @@ func runConnect(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	defer client.Close()
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if f.listen == "" {
+	switch {
+	case f.udp:
+		target.Network = connect.UDP
+		return connectUDP(ctx, client, target, f.listen, stderr, log)
+	case f.listen == "":
 		return connectStdio(ctx, client, target, stdin, stdout)
 	}
 	return connectListen(ctx, client, target, f.listen, stderr, log)
@@ -172,4 +183,25 @@ func connectListen(ctx context.Context, client *connect.Client, target connect.T
 			log.Info("disconnected", logkey.Target, target.String(), logkey.Source, c.RemoteAddr().String(), logkey.BytesOut, res.AToB, logkey.BytesIn, res.BToA)
 		})
 	}
+}
+
+// connectUDP carries the datagrams of a local UDP socket to the service,
+// each source address one flow on a stream of its own.
+func connectUDP(ctx context.Context, client *connect.Client, target connect.Target, addr string, stderr io.Writer, log *slog.Logger) error {
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "switchboard: %s listens on udp %s\n", target, pc.LocalAddr())
+	stopped := context.AfterFunc(ctx, func() { pc.Close() })
+	defer stopped()
+	srv := &flows.Server{
+		Conn: pc,
+		Open: func(ctx context.Context, _ netip.AddrPort) (net.Conn, error) {
+			return client.Dial(ctx, target)
+		},
+		Config: flows.Config{Logger: log.With(logkey.Target, target.String())},
+	}
+	srv.Serve(ctx)
+	return nil
 }

@@ -15,6 +15,7 @@ var flagOf = map[string]string{
 	"node.Advertise":          "--advertise",
 	"node.TLSCertFile":        "--tls-cert",
 	"node.TLSKeyFile":         "--tls-key",
+	"node.SNIZone":            "--sni-zone",
 	"node.AdminTLSCertFile":   "--admin-tls-cert",
 	"node.AdminTLSKeyFile":    "--admin-tls-key",
 	"node.Fleet.MaxForward":   "--max-forward",
@@ -51,6 +52,7 @@ var flagOf = map[string]string{
 	"agent.Protocol":       "--protocol",
 	"agent.BroadcastPaths": "--broadcast-path",
 	"agent.TunnelVersion":  "--tunnel-version",
+	"agent.Passthrough":    "--tls-passthrough",
 }
 
 // withFlagNames returns err with every configuration error in it told in

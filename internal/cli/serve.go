@@ -28,6 +28,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.StringVar(&cfg.AdminListen, "admin-listen", node.DefaultAdminListen, "`address` of the operator API, admin page, /metrics, /healthz and /readyz")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate `file` (with its chain): the public listener serves HTTPS (HTTP/1.1 and HTTP/2); reloaded when replaced")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key `file` of --tls-cert")
+	fs.StringVar(&cfg.SNIZone, "sni-zone", "", "DNS `zone` (e.g. tls.example.com) under which the public TLS listener passes connections for SERVICE--DEVICE.ZONE through to the device's service undecrypted, for services their agent offers with --tls-passthrough; needs --tls-cert; empty = no passthrough")
 	fs.StringVar(&cfg.AdminTLSCertFile, "admin-tls-cert", "", "PEM certificate `file`: the admin listener serves HTTPS; reloaded when replaced")
 	fs.StringVar(&cfg.AdminTLSKeyFile, "admin-tls-key", "", "PEM private key `file` of --admin-tls-cert")
 	fs.StringVar(&cfg.PeerCAFile, "peer-ca-file", "", "PEM `file` of the CAs that sign the other relays' certificates (https:// peers); empty = the system roots")

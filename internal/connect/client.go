@@ -64,7 +64,7 @@ func (c *Client) Dial(ctx context.Context, target Target) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := sess.Open(ctx, []byte(target.String()))
+	st, err := sess.Open(ctx, []byte(target.meta()))
 	if err != nil {
 		return nil, err
 	}

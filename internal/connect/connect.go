@@ -25,12 +25,50 @@ const Protocol = "switchboard-connect/1"
 // Path is the relay endpoint the client opens its connection on.
 const Path = "/switchboard/connect"
 
-// Target names a device's service: DEVICE/SERVICE.
+// Target names a device's service: DEVICE/SERVICE, and how it is
+// reached.
 type Target struct {
 	Device, Service string
+	// Network is how the stream reaches the service: TCP ("" too) carries
+	// bytes to a tcp:// or tls:// service; UDP carries datagrams
+	// (internal/datagram's framing) to a udp:// one; Passthrough carries
+	// a user's TLS connection, by SNI and without a credential, to a
+	// tcp:// service its device offers for passthrough.
+	Network string
 }
 
+// Networks of a Target.
+const (
+	TCP         = "tcp"
+	UDP         = "udp"
+	Passthrough = "passthrough"
+)
+
+// String returns DEVICE/SERVICE.
 func (t Target) String() string { return t.Device + "/" + t.Service }
+
+// meta is what names the target on a stream: DEVICE/SERVICE for TCP,
+// DEVICE/SERVICE/NETWORK for the others.
+func (t Target) meta() string {
+	if t.Network == "" || t.Network == TCP {
+		return t.String()
+	}
+	return t.String() + "/" + t.Network
+}
+
+// parseMeta reads what meta wrote.
+func parseMeta(s string) (Target, error) {
+	network := TCP
+	if i := strings.LastIndexByte(s, '/'); i > 0 && strings.Count(s, "/") == 2 {
+		s, network = s[:i], s[i+1:]
+		if network != UDP && network != Passthrough {
+			return Target{}, fmt.Errorf("%q: no such network: use %s or %s", network, UDP, Passthrough)
+		}
+	}
+	t, err := ParseTarget(s)
+	t.Network = network
+	return t, err
+}
 
 // ParseTarget reads DEVICE/SERVICE.
 func ParseTarget(s string) (Target, error) {

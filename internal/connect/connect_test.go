@@ -124,7 +124,7 @@ func TestManyConnectionsOneUpgrade(t *testing.T) {
 	errs := make(chan error, 50)
 	for i := range 50 {
 		wg.Go(func() {
-			conn, err := f.client.Dial(context.Background(), Target{"robot", "echo"})
+			conn, err := f.client.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 			if err != nil {
 				errs <- err
 				return
@@ -158,11 +158,11 @@ func TestRefusalsSayWhy(t *testing.T) {
 		target Target
 		want   error
 	}{
-		{Target{"robot", "nope"}, ErrUnknownService},
-		{Target{"other", "echo"}, ErrNoDevice},
-		{Target{"robot", "secret"}, ErrForbidden},
-		{Target{"robot", "down"}, ErrRefused},
-		{Target{"robot", "late"}, ErrRefused},
+		{Target{Device: "robot", Service: "nope"}, ErrUnknownService},
+		{Target{Device: "other", Service: "echo"}, ErrNoDevice},
+		{Target{Device: "robot", Service: "secret"}, ErrForbidden},
+		{Target{Device: "robot", Service: "down"}, ErrRefused},
+		{Target{Device: "robot", Service: "late"}, ErrRefused},
 	} {
 		conn, err := f.client.Dial(context.Background(), tc.target)
 		if err != nil {
@@ -175,7 +175,7 @@ func TestRefusalsSayWhy(t *testing.T) {
 		conn.Close()
 	}
 	// The connection to the fleet survives them.
-	conn, _ := f.client.Dial(context.Background(), Target{"robot", "echo"})
+	conn, _ := f.client.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 	defer conn.Close()
 	conn.Write([]byte("still here"))
 	buf := make([]byte, 10)
@@ -186,7 +186,7 @@ func TestRefusalsSayWhy(t *testing.T) {
 
 func TestBadCredentialRefusedAtTheUpgrade(t *testing.T) {
 	f := setup(t, "bad")
-	_, err := f.client.Dial(context.Background(), Target{"robot", "echo"})
+	_, err := f.client.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 	var he *HandshakeError
 	if !errors.As(err, &he) || he.Status != http.StatusUnauthorized || !strings.Contains(he.Message, "--token-file") {
 		t.Fatalf("dial with a bad token: %v", err)
@@ -220,7 +220,7 @@ func TestFirstFramesRightAfterThe101(t *testing.T) {
 	u := f.client.cfg.Relay
 	for i := range 100 {
 		c := NewClient(ClientConfig{Relay: u, Token: "good"})
-		conn, err := c.Dial(context.Background(), Target{"robot", "echo"})
+		conn, err := c.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 		if err == nil {
 			conn.Write([]byte("hi"))
 			buf := make([]byte, 2)
@@ -257,7 +257,7 @@ func TestRequestEndEndsTheSession(t *testing.T) {
 	u, _ := url.Parse(srv.URL)
 	c := NewClient(ClientConfig{Relay: u})
 	defer c.Close()
-	conn, err := c.Dial(context.Background(), Target{"robot", "echo"})
+	conn, err := c.Dial(context.Background(), Target{Device: "robot", Service: "echo"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,5 +270,33 @@ func TestRequestEndEndsTheSession(t *testing.T) {
 	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("the session outlived its request: %v", err)
+	}
+}
+
+// TestStreamNames: a stream names its target's network after the service
+// for UDP and passthrough, and nothing else is taken.
+func TestStreamNames(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Target
+		ok   bool
+	}{
+		{"robot/ssh", Target{Device: "robot", Service: "ssh", Network: TCP}, true},
+		{"robot/voice/udp", Target{Device: "robot", Service: "voice", Network: UDP}, true},
+		{"robot/web/passthrough", Target{Device: "robot", Service: "web", Network: Passthrough}, true},
+		{"robot/voice/sctp", Target{}, false},
+		{"robot/voice/udp/x", Target{}, false},
+		{"robot//udp", Target{}, false},
+		{"/voice/udp", Target{}, false},
+	} {
+		got, err := parseMeta(tc.in)
+		if (err == nil) != tc.ok || tc.ok && got != tc.want {
+			t.Errorf("parseMeta(%q) = %+v, %v", tc.in, got, err)
+		}
+		if tc.ok {
+			if back, _ := parseMeta(got.meta()); back != got {
+				t.Errorf("%q: meta %q reads back as %+v", tc.in, got.meta(), back)
+			}
+		}
 	}
 }

@@ -108,7 +108,7 @@ func (h *Handler) serve(ctx context.Context, sess *mux.Session, allow Allow) {
 }
 
 func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow) {
-	target, err := ParseTarget(string(st.Meta()))
+	target, err := parseMeta(string(st.Meta()))
 	if err == nil {
 		err = allow(target)
 	}

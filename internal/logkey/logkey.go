@@ -61,4 +61,6 @@ const (
 	Fingerprint  = "fingerprint"       // a fleet secret's fingerprint
 	Accepted     = "accepted"          // the fleet secrets' fingerprints accepted
 	Generation   = "generation"        // a fleet secret record's generation
+	Dropped      = "dropped"           // datagrams dropped: their flow's queue was full
+	Oversized    = "oversized"         // datagrams dropped: over the size a flow carries
 )

@@ -93,6 +93,14 @@ type Config struct {
 	// listener; its sign-in cookie is then Secure. Default none: plain HTTP.
 	AdminTLSCertFile string
 	AdminTLSKeyFile  string
+	// SNIZone, when set, turns on TLS passthrough on the public TLS
+	// listener: a connection whose ClientHello names
+	// SERVICE--DEVICE.<SNIZone> is not terminated but passed whole to the
+	// device's service, which its agent offers for passthrough
+	// (--tls-passthrough), here or one hop to the relay holding the device.
+	// Every other name is served by this relay as before. Needs
+	// TLSCertFile. Default none: no passthrough.
+	SNIZone string
 	// PeerCAFile is a PEM bundle of the CAs that sign the other relays'
 	// certificates. Forwards and watchdog probes to a relay advertised at an
 	// https:// URL verify it against these CAs only (the system roots are
@@ -271,6 +279,15 @@ func (c *Config) Validate() error {
 			return fmt.Sprintf("%q is plain http:// but the public listener serves TLS (%s): advertise an https:// URL", c.Advertise, name("TLSCertFile"))
 		}))
 	}
+	if c.SNIZone != "" {
+		if err := checkZone(c.SNIZone); err != nil {
+			errs = append(errs, invalidf("SNIZone", "%q %v (e.g. tls.example.com: names are then SERVICE--DEVICE.tls.example.com)", c.SNIZone, err))
+		} else if c.TLSCertFile == "" {
+			errs = append(errs, config.Invalid(component, "SNIZone", func(name func(string) string) string {
+				return "needs the public listener to serve TLS: give " + name("TLSCertFile") + " and " + name("TLSKeyFile") + " (the certificate is for the relay's own names; passthrough never uses it)"
+			}))
+		}
+	}
 	if c.Fleet.MaxForward < 0 {
 		errs = append(errs, invalidf("Fleet.MaxForward", "%d: give a positive number of devices", c.Fleet.MaxForward))
 	}
@@ -310,6 +327,26 @@ func pairError(certField, cert, keyField, key string) error {
 		return config.Invalid(component, keyField, func(name func(string) string) string {
 			return "is set but " + name(certField) + " is not: give the certificate file too"
 		})
+	}
+	return nil
+}
+
+// checkZone reports whether zone is a DNS name of two labels or more.
+func checkZone(zone string) error {
+	labels := strings.Split(strings.TrimSuffix(zone, "."), ".")
+	if len(labels) < 2 || len(zone) > 253 {
+		return errors.New("is not a DNS name of two labels or more")
+	}
+	for _, l := range labels {
+		bad := l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-'
+		for _, c := range l {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				bad = true
+			}
+		}
+		if bad {
+			return fmt.Errorf("has the label %q, not one of letters, digits and hyphens", l)
+		}
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/connect"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
+	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
@@ -79,9 +80,21 @@ var _ connect.Opener = openerFunc(nil)
 func (f openerFunc) Open(ctx context.Context, t connect.Target) (net.Conn, error) { return f(ctx, t) }
 
 // openHere opens a stream to the service on an agent of the device on this
-// relay.
+// relay: a tcp or udp service as t's network says, or for passthrough a
+// tcp service that the device's agent offers for it.
 func (g *connectGateway) openHere(ctx context.Context, t connect.Target) (net.Conn, error) {
-	conn, err := g.n.tunnels.OpenService(ctx, t.Device, t.Service)
+	var conn net.Conn
+	var err error
+	switch t.Network {
+	case "", connect.TCP:
+		conn, err = g.n.tunnels.OpenService(ctx, t.Device, t.Service, service.TCP)
+	case connect.UDP:
+		conn, err = g.n.tunnels.OpenService(ctx, t.Device, t.Service, service.UDP)
+	case connect.Passthrough:
+		conn, err = g.n.tunnels.OpenPassthrough(ctx, t.Device, t.Service)
+	default:
+		err = fmt.Errorf("%w: no network %q", connect.ErrUnknownService, t.Network)
+	}
 	if err != nil {
 		return nil, connectError(err)
 	}

@@ -86,6 +86,7 @@ type Node struct {
 	public        *http.Server
 	admin         *http.Server
 	publicLn      net.Listener
+	sni           *sniListener // the public TLS listener with passthrough, or nil
 	adminLn       net.Listener
 	publicTLS     *tls.Config // nil: plain HTTP/1.1 and h2c
 	adminTLS      *tls.Config // nil: plain HTTP
@@ -166,7 +167,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.buildServers()
 	n.listenPorts()
 	n.ready.Store(true)
-	n.serve(n.public, n.publicLn)
+	if n.cfg.SNIZone != "" && n.publicTLS != nil {
+		n.sni = newSNIListener(n.publicLn, n.cfg.SNIZone, n.cfg.ReadHeaderTimeout, n.connect.openAnywhere, n.log)
+		n.serve(n.public, n.sni)
+		n.log.Info("TLS passthrough on", logkey.Name, "*--*."+n.cfg.SNIZone)
+	} else {
+		n.serve(n.public, n.publicLn)
+	}
 	n.serve(n.admin, n.adminLn)
 	n.log.Info("relay serving", logkey.Listen, n.publicLn.Addr().String(), logkey.Admin, n.adminLn.Addr().String(), logkey.Version, cfg.Version)
 	return n, nil
@@ -434,6 +441,9 @@ func (n *Node) closeResources() {
 	}
 	n.closeTopics()
 	n.closePorts()
+	if n.sni != nil {
+		n.sni.closeAll()
+	}
 	if n.connect != nil {
 		n.connect.Close()
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/connect"
+	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/proxyproto"
 	"github.com/switchboard-relay/switchboard/internal/splice"
 
@@ -20,11 +21,11 @@ import (
 )
 
 // DefaultUDPIdle is how long a UDP flow lasts without a datagram either way.
-const DefaultUDPIdle = 60 * time.Second
+const DefaultUDPIdle = flows.DefaultIdle
 
 // DefaultUDPQueue is how many datagrams a UDP flow holds for its device
 // before it drops new ones.
-const DefaultUDPQueue = 64
+const DefaultUDPQueue = flows.DefaultQueue
 
 // Listeners keeps this relay listening on every mapped port and carries
 // each connection (UDP: each flow) to its device's service through Open.
@@ -123,10 +124,8 @@ func (l *Listeners) start(m Mapping) (port, error) {
 			cancel()
 			return nil, err
 		}
-		p := &udpPort{portBase: base, pc: pc, flows: map[netip.AddrPort]*flow{},
-			idle: cmp.Or(l.UDPIdle, DefaultUDPIdle), queue: cmp.Or(l.UDPQueue, DefaultUDPQueue)}
-		p.wg.Go(p.read)
-		return p, nil
+		base.target.Network = connect.UDP
+		return newUDPPort(base, pc, flows.Config{Idle: l.UDPIdle, Queue: l.UDPQueue, Logger: log}), nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

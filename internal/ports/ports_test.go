@@ -129,6 +129,9 @@ func (d *device) Open(ctx context.Context, target connect.Target) (net.Conn, err
 	d.opens++
 	d.mu.Unlock()
 	if target.Service == "voice" {
+		if target.Network != connect.UDP {
+			return nil, fmt.Errorf("%w: %s asked over %q, not udp", connect.ErrUnknownService, target, target.Network)
+		}
 		a, b := net.Pipe()
 		go udpDevice(b)
 		return a, nil
@@ -288,10 +291,10 @@ func TestUDPPort(t *testing.T) {
 	}
 	// Idle past the timeout: the flow ends, and the next datagram opens another.
 	testkit.Eventually(t, 5*time.Second, func() error {
+		l.mu.Lock()
 		p := l.open[Key(UDP, port)].(*udpPort)
-		p.fmu.Lock()
-		defer p.fmu.Unlock()
-		if len(p.flows) != 0 {
+		l.mu.Unlock()
+		if p.srv.Flows() != 0 {
 			return errors.New("the idle flow is still open")
 		}
 		return nil
@@ -300,5 +303,40 @@ func TestUDPPort(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "AGAIN" {
 		t.Fatalf("after idle: %q, %v", buf[:n], err)
+	}
+}
+
+// TestUDPPortOversizedDatagram: a datagram over the most a flow carries
+// (IPv6 has them) is dropped and logged, not cut short and passed on; the
+// flow goes on.
+func TestUDPPortOversizedDatagram(t *testing.T) {
+	probe, err := net.ListenPacket("udp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	port := probe.LocalAddr().(*net.UDPAddr).Port
+	probe.Close()
+	logs := &testkit.Buffer{}
+	l := &Listeners{Host: "::1", Open: newDevice(t), Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	defer l.Close()
+	if err := l.Apply([]Mapping{{Port: port, Network: UDP, Target: "robot/voice"}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("udp", fmt.Sprintf("[::1]:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(make([]byte, datagram.MaxSize+13)); err != nil {
+		t.Skipf("this host sends no datagram that large over IPv6: %v", err)
+	}
+	c.Write([]byte("small"))
+	buf := make([]byte, 70000)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "SMALL" {
+		t.Fatalf("first answer: %d bytes %.10q, %v; want SMALL alone", n, buf[:n], err)
+	}
+	if !strings.Contains(logs.String(), "datagram dropped: over the 65507 bytes") {
+		t.Fatalf("no warning of the oversized datagram:\n%s", logs)
 	}
 }

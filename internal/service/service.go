@@ -50,6 +50,12 @@ type Service struct {
 	// Broadcast lists the paths (as users see them) whose GETs every
 	// viewer shares: the relay fetches each once and fans it out.
 	Broadcast []string
+	// Passthrough offers a tcp:// service, a TLS server, to anyone who
+	// reaches the relays' TLS listener by its SNI name
+	// (SERVICE--DEVICE.ZONE), with no credential: the relay passes the
+	// user's TLS connection through whole and the service terminates it
+	// and authenticates its users.
+	Passthrough bool
 }
 
 // Parse reads NAME=URL.
@@ -141,6 +147,9 @@ type Announced struct {
 	Host string `json:"host,omitempty"`
 	// Broadcast, for HTTP, lists the paths whose GETs every viewer shares.
 	Broadcast []string `json:"broadcast,omitempty"`
+	// Passthrough, for TCP, says the device's owner lets anyone reach the
+	// service by TLS passthrough, with no credential.
+	Passthrough bool `json:"passthrough,omitempty"`
 }
 
 // Limits of an announcement, so that a relay reads it in bounded memory.
@@ -155,7 +164,7 @@ const (
 func Announce(services []Service, preserveHost bool) (string, error) {
 	list := make([]Announced, 0, len(services))
 	for _, sv := range services {
-		a := Announced{Name: sv.Name, Kind: sv.Kind, H2C: sv.H2C}
+		a := Announced{Name: sv.Name, Kind: sv.Kind, H2C: sv.H2C, Passthrough: sv.Passthrough}
 		if sv.Kind == HTTP {
 			a.Path = sv.Path
 			a.Broadcast = sv.Broadcast
@@ -201,6 +210,9 @@ func check(list []Announced) (map[string]Announced, error) {
 		}
 		if _, dup := byName[a.Name]; dup {
 			return nil, fmt.Errorf("service %s is named twice", a.Name)
+		}
+		if a.Passthrough && a.Kind != TCP {
+			return nil, fmt.Errorf("service %s: only a tcp service is offered for TLS passthrough, not a %s one", a.Name, a.Kind)
 		}
 		switch a.Kind {
 		case HTTP:

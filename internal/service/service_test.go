@@ -54,6 +54,7 @@ func TestAnnounceRoundTrip(t *testing.T) {
 		services = append(services, sv)
 	}
 	services[0].Broadcast = []string{"/cam.mjpeg"}
+	services[2].Passthrough = true
 	v, err := Announce(services, false)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +69,7 @@ func TestAnnounceRoundTrip(t *testing.T) {
 	want := map[string]Announced{
 		"http":  {Name: "http", Kind: HTTP, Path: "/base", Host: "127.0.0.1:3000", Broadcast: []string{"/cam.mjpeg"}},
 		"grpc":  {Name: "grpc", Kind: HTTP, H2C: true, Host: "127.0.0.1:50051"},
-		"ssh":   {Name: "ssh", Kind: TCP},
+		"ssh":   {Name: "ssh", Kind: TCP, Passthrough: true},
 		"voice": {Name: "voice", Kind: UDP},
 	}
 	if len(got) != len(want) {
@@ -97,6 +98,8 @@ func TestParseAnnouncementRejects(t *testing.T) {
 		`[{"name":"a","kind":"tcp","broadcast":["/x"]}]`,
 		`[{"name":"a","kind":"http","broadcast":["x"]}]`,
 		`[{"name":"a","kind":"http","broadcast":["/x?y"]}]`,
+		`[{"name":"a","kind":"udp","passthrough":true}]`,
+		`[{"name":"a","kind":"http","passthrough":true}]`,
 		"[" + strings.Repeat(`{"name":"a","kind":"tcp"},`, 400) + `{"name":"b","kind":"tcp"}]`,
 	} {
 		if _, err := ParseAnnouncement(v); err == nil {

@@ -23,6 +23,10 @@ import (
 // MaxHello bounds the bytes read while looking for the ClientHello.
 const MaxHello = 64 << 10
 
+// ErrNotInZone means a server name is not under the zone ParseName was
+// given: the name is for someone else (the relay itself, say).
+var ErrNotInZone = errors.New("the server name is not under the zone")
+
 // ErrNoName means the ClientHello names no server.
 var ErrNoName = errors.New("the TLS client sent no server name (SNI)")
 
@@ -106,13 +110,14 @@ type Name struct {
 }
 
 // ParseName splits a server name under zone (e.g. "tls.example.com") into
-// service and device. Case does not matter.
+// service and device. Case does not matter. A name not under zone is
+// ErrNotInZone; one under it but not of that form is another error.
 func ParseName(serverName, zone string) (Name, error) {
 	host := strings.ToLower(strings.TrimSuffix(serverName, "."))
 	zone = strings.ToLower(strings.Trim(zone, "."))
 	label, ok := strings.CutSuffix(host, "."+zone)
 	if !ok || zone == "" {
-		return Name{}, fmt.Errorf("server name %q is not under the zone %q: use SERVICE--DEVICE.%s", serverName, zone, zone)
+		return Name{}, fmt.Errorf("server name %q: %w %q: use SERVICE--DEVICE.%s", serverName, ErrNotInZone, zone, zone)
 	}
 	service, device, ok := strings.Cut(label, "--")
 	if !ok || service == "" || device == "" || strings.Contains(device, ".") {

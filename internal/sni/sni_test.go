@@ -151,6 +151,10 @@ func TestParseName(t *testing.T) {
 		if (err == nil) != tc.ok || got != tc.want {
 			t.Errorf("ParseName(%q) = %+v, %v", tc.in, got, err)
 		}
+		outside := strings.HasSuffix(tc.in, ".example.org") || strings.Contains(tc.in, "evil-")
+		if errors.Is(err, ErrNotInZone) != outside {
+			t.Errorf("ParseName(%q): %v; outside the zone: %v", tc.in, err, outside)
+		}
 	}
 }
 

@@ -15,18 +15,34 @@ import (
 var (
 	// ErrNoAgent means no version 2 agent of the device is on this relay.
 	ErrNoAgent = errors.New("no version 2 agent of the device is connected to this relay")
-	// ErrUnknownService means no agent of the device announced a TCP
-	// service of that name.
-	ErrUnknownService = errors.New("the device's agents announced no TCP service of that name")
+	// ErrUnknownService means no agent of the device announced a service
+	// of that name and kind (for OpenPassthrough: one it offers for TLS
+	// passthrough).
+	ErrUnknownService = errors.New("the device's agents announced no such service")
 )
 
-// OpenService opens a stream to device's TCP service name on the version 2
-// session of the device that announced it and carries the fewest streams.
-// The open costs no round trip: an agent's refusal (CodeUnknownService,
-// CodeServiceRefused, CodeServiceUnreachable) shows as a *ServiceError
-// from the connection's first read or write.
-func (p *Pool) OpenService(ctx context.Context, device, name string) (net.Conn, error) {
-	c, err := p.pickService(device, name)
+// OpenService opens a stream to device's service name of the given kind
+// (service.TCP: bytes; service.UDP: one flow's framed datagrams) on the
+// version 2 session of the device that announced it and carries the
+// fewest streams. The open costs no round trip: an agent's refusal
+// (CodeUnknownService, CodeServiceRefused, CodeServiceUnreachable) shows
+// as a *ServiceError from the connection's first read or write.
+func (p *Pool) OpenService(ctx context.Context, device, name string, kind service.Kind) (net.Conn, error) {
+	if kind != service.TCP && kind != service.UDP {
+		return nil, fmt.Errorf("device %q, service %q: streams carry tcp or udp services, not %q: %w", device, name, kind, ErrUnknownService)
+	}
+	return p.openService(ctx, device, name, func(a service.Announced) bool { return a.Kind == kind })
+}
+
+// OpenPassthrough opens a stream to device's TCP service name that its
+// agent offers for TLS passthrough (service.Announced.Passthrough): a
+// user reaches it with no credential, so no other service will do.
+func (p *Pool) OpenPassthrough(ctx context.Context, device, name string) (net.Conn, error) {
+	return p.openService(ctx, device, name, func(a service.Announced) bool { return a.Kind == service.TCP && a.Passthrough })
+}
+
+func (p *Pool) openService(ctx context.Context, device, name string, fits func(service.Announced) bool) (net.Conn, error) {
+	c, err := p.pickService(device, name, fits)
 	if err != nil {
 		return nil, fmt.Errorf("device %q, service %q: %w", device, name, err)
 	}
@@ -38,8 +54,8 @@ func (p *Pool) OpenService(ctx context.Context, device, name string) (net.Conn, 
 }
 
 // pickService returns the carrier of device's usable version 2 session
-// that announced the TCP service name and has the fewest streams.
-func (p *Pool) pickService(device, name string) (*muxCarrier, error) {
+// that announced a service name that fits and has the fewest streams.
+func (p *Pool) pickService(device, name string, fits func(service.Announced) bool) (*muxCarrier, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var best *muxCarrier
@@ -50,7 +66,7 @@ func (p *Pool) pickService(device, name string) (*muxCarrier, error) {
 			continue
 		}
 		v2 = true
-		if c.services[name].Kind != service.TCP {
+		if a, ok := c.services[name]; !ok || !fits(a) {
 			continue
 		}
 		if best == nil || c.ms.NumStreams() < best.ms.NumStreams() {
@@ -66,7 +82,7 @@ func (p *Pool) pickService(device, name string) (*muxCarrier, error) {
 	return nil, ErrUnknownService
 }
 
-// serviceStream is a stream to a TCP service, whose agent's refusal reads
+// serviceStream is a stream to a service, whose agent's refusal reads
 // as a *ServiceError.
 type serviceStream struct {
 	*mux.Stream

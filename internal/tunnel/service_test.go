@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/switchboard-relay/switchboard/internal/datagram"
+	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
@@ -34,7 +36,7 @@ func TestOpenService(t *testing.T) {
 		service.Service{Name: "down", Kind: service.TCP, Addr: "127.0.0.1:1"},
 	)
 	ctx := context.Background()
-	conn, err := pool.OpenService(ctx, "dev", "echo")
+	conn, err := pool.OpenService(ctx, "dev", "echo", service.TCP)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,15 +47,15 @@ func TestOpenService(t *testing.T) {
 	}
 	conn.Close()
 
-	if _, err := pool.OpenService(ctx, "ghost", "echo"); !errors.Is(err, ErrNoAgent) {
+	if _, err := pool.OpenService(ctx, "ghost", "echo", service.TCP); !errors.Is(err, ErrNoAgent) {
 		t.Errorf("no agent: %v, want ErrNoAgent", err)
 	}
 	for _, name := range []string{"nope", service.Default} { // not announced; announced as HTTP
-		if _, err := pool.OpenService(ctx, "dev", name); !errors.Is(err, ErrUnknownService) {
+		if _, err := pool.OpenService(ctx, "dev", name, service.TCP); !errors.Is(err, ErrUnknownService) {
 			t.Errorf("%s: %v, want ErrUnknownService", name, err)
 		}
 	}
-	conn, err = pool.OpenService(ctx, "dev", "down")
+	conn, err = pool.OpenService(ctx, "dev", "down", service.TCP)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,5 +65,84 @@ func TestOpenService(t *testing.T) {
 	var se *ServiceError
 	if !errors.As(err, &se) || se.Code != CodeServiceRefused || se.Service != "down" {
 		t.Fatalf("refused dial: %v, want a ServiceError with CodeServiceRefused", err)
+	}
+}
+
+// TestOpenServiceByKind: a UDP stream reaches the agent's udp service, one
+// datagram for one, through a socket of the stream's own; a name is found
+// only under the kind it was announced with; passthrough opens only the
+// tcp services announced for it.
+func TestOpenServiceByKind(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, addr, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(append([]byte("echo: "), buf[:n]...), addr)
+		}
+	}()
+	echo := testkit.ServeTCP(t, func(c net.Conn) { io.Copy(c, c) })
+	pool := v2SessionDial(t, func(conn net.Conn) {
+		serveAgent(t, conn, func(ctx context.Context, name string) (net.Conn, error) {
+			var d net.Dialer
+			switch name {
+			case "voice":
+				c, err := d.DialContext(ctx, "udp", pc.LocalAddr().String())
+				if err != nil {
+					return nil, err
+				}
+				return &flows.Socket{Conn: c}, nil
+			case "web", "ssh":
+				return d.DialContext(ctx, "tcp", echo)
+			}
+			return nil, service.ErrUnknown
+		})
+	},
+		service.Service{Name: "voice", Kind: service.UDP, Addr: "127.0.0.1:1"},
+		service.Service{Name: "web", Kind: service.TCP, Addr: "127.0.0.1:1", Passthrough: true},
+		service.Service{Name: "ssh", Kind: service.TCP, Addr: "127.0.0.1:1"},
+	)
+	ctx := context.Background()
+	conn, err := pool.OpenService(ctx, "dev", "voice", service.UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	w, r := datagram.NewWriter(conn), datagram.NewReader(conn)
+	buf := make([]byte, 2048)
+	for _, msg := range []string{"one", "", "three"} {
+		w.Write([]byte(msg))
+		n, err := r.Read(buf)
+		if err != nil || string(buf[:n]) != "echo: "+msg {
+			t.Fatalf("%q: %q, %v", msg, buf[:n], err)
+		}
+	}
+
+	for _, tc := range []struct {
+		name string
+		kind service.Kind
+	}{{"voice", service.TCP}, {"ssh", service.UDP}, {"ssh", service.HTTP}} {
+		if _, err := pool.OpenService(ctx, "dev", tc.name, tc.kind); !errors.Is(err, ErrUnknownService) {
+			t.Errorf("%s as %s: %v, want ErrUnknownService", tc.name, tc.kind, err)
+		}
+	}
+	if _, err := pool.OpenPassthrough(ctx, "dev", "ssh"); !errors.Is(err, ErrUnknownService) {
+		t.Errorf("passthrough to a service not offered for it: %v, want ErrUnknownService", err)
+	}
+	pt, err := pool.OpenPassthrough(ctx, "dev", "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pt.Close()
+	pt.Write([]byte("hi"))
+	if _, err := io.ReadFull(pt, buf[:2]); err != nil || string(buf[:2]) != "hi" {
+		t.Fatalf("passthrough: %q, %v", buf[:2], err)
 	}
 }

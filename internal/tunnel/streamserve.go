@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
 )
@@ -21,7 +22,8 @@ type DialService func(ctx context.Context, name string) (net.Conn, error)
 // the connection dies or ctx ends: each stream the relay opens names one
 // of the agent's services, which dial connects to, and the stream and the
 // connection are then joined byte for byte, each direction's end passed on
-// as a half-close. A stream whose service is unknown or unreachable is
+// as a half-close (a UDP service's stream carries one flow's datagrams,
+// see internal/flows). A stream whose service is unknown or unreachable is
 // reset with a code that tells the relay why (CodeUnknownService,
 // CodeServiceRefused, CodeServiceUnreachable). The agent pings after
 // l.Interval of silence and gives the relay up after l.Interval+l.Timeout.
@@ -43,11 +45,17 @@ func ServeStreams(ctx context.Context, conn net.Conn, l Liveness, dial DialServi
 	}
 }
 
-// serveStream dials the service st names and joins the two.
+// serveStream dials the service st names and joins the two: byte for
+// byte, or for a UDP service (a *flows.Socket) datagram for datagram,
+// the stream's framed ones to the socket's.
 func serveStream(ctx context.Context, st *mux.Stream, dial DialService) {
 	backend, err := dial(ctx, string(st.Meta()))
 	if err != nil {
 		st.Reset(dialCode(err))
+		return
+	}
+	if s, ok := backend.(*flows.Socket); ok {
+		flows.Join(ctx, st, s.Conn, s.Config)
 		return
 	}
 	join(st, backend)

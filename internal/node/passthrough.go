@@ -1,0 +1,234 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/connect"
+	"github.com/switchboard-relay/switchboard/internal/sni"
+	"github.com/switchboard-relay/switchboard/internal/splice"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
+)
+
+// TLS alerts the relay answers a passthrough it cannot carry with, in a
+// plaintext record before any server hello, so that the user's TLS client
+// says why: the name reaches no service offered for passthrough, or the
+// service could not be reached.
+const (
+	alertAccessDenied     = 49
+	alertInternalError    = 80
+	alertUnrecognizedName = 112
+)
+
+// sniListener is the public TLS listener when passthrough is on. It reads
+// each connection's ClientHello: a name SERVICE--DEVICE.ZONE is passed
+// through whole to the device's service (its agent offers it for
+// passthrough), here or one hop to the relay holding the device; every
+// other connection, its hello bytes replayed, goes to the relay's own TLS
+// server through Accept.
+type sniListener struct {
+	net.Listener
+	zone  string
+	hello time.Duration // how long a client may take to send its hello
+	open  func(ctx context.Context, t connect.Target) (net.Conn, error)
+	log   *slog.Logger
+	ctx   context.Context // ends with closeAll: the relay stops
+	stop  context.CancelFunc
+
+	conns     chan net.Conn // for the relay's own TLS server
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+	stopped   chan struct{} // closed when the accept loop has ended
+	wg        sync.WaitGroup
+
+	mu    sync.Mutex // guards pipes
+	pipes map[net.Conn]struct{}
+}
+
+func newSNIListener(inner net.Listener, zone string, hello time.Duration, open func(context.Context, connect.Target) (net.Conn, error), log *slog.Logger) *sniListener {
+	l := &sniListener{
+		Listener: inner, zone: zone, hello: hello, open: open,
+		log:   log.With(logkey.Component, "passthrough"),
+		conns: make(chan net.Conn), done: make(chan struct{}), stopped: make(chan struct{}),
+		pipes: map[net.Conn]struct{}{},
+	}
+	l.ctx, l.stop = context.WithCancel(context.Background())
+	go l.acceptLoop()
+	return l
+}
+
+// Accept returns the next connection the relay terminates itself.
+func (l *sniListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.stopped:
+		return nil, net.ErrClosed
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting; the passthroughs go on until closeAll.
+func (l *sniListener) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		close(l.done)
+		err = l.Listener.Close()
+	})
+	return err
+}
+
+// closeAll closes the listener and every passthrough, and waits for their
+// goroutines.
+func (l *sniListener) closeAll() {
+	l.Close()
+	<-l.stopped
+	l.stop()
+	l.mu.Lock()
+	for c := range l.pipes {
+		c.Close()
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+func (l *sniListener) acceptLoop() {
+	defer close(l.stopped)
+	for {
+		c, err := l.Listener.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil { // out of file descriptors, say: wait a little, as net/http does
+			l.log.Warn("accepting failed", logkey.Err, err)
+			select {
+			case <-time.After(50 * time.Millisecond):
+				continue
+			case <-l.done:
+				return
+			}
+		}
+		l.track(c)
+		l.wg.Go(func() { l.route(c) })
+	}
+}
+
+// route reads c's hello and passes c through or on to the relay's server.
+func (l *sniListener) route(c net.Conn) {
+	ctx, cancel := context.WithTimeout(l.ctx, l.hello)
+	hello, err := sni.ReadHello(ctx, c)
+	cancel()
+	if err != nil { // no name, not TLS, too slow: the relay's own TLS answers
+		l.toServer(c, hello.Raw)
+		return
+	}
+	name, err := sni.ParseName(hello.ServerName, l.zone)
+	if errors.Is(err, sni.ErrNotInZone) { // the relay's own names
+		l.toServer(c, hello.Raw)
+		return
+	}
+	defer l.untrack(c)
+	defer c.Close()
+	if err != nil { // under the zone, but not SERVICE--DEVICE
+		l.log.Info("passthrough refused", logkey.Source, c.RemoteAddr().String(), logkey.Name, hello.ServerName, logkey.Err, err)
+		writeAlert(c, alertUnrecognizedName)
+		return
+	}
+	l.passthrough(c, hello, name)
+}
+
+// toServer hands c to the relay's own TLS server, the bytes read from it
+// first.
+func (l *sniListener) toServer(c net.Conn, read []byte) {
+	l.untrack(c) // the server owns it from here
+	select {
+	case l.conns <- &replayConn{Conn: c, head: read}:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// passthrough carries c, whose hello asked for name, to the service.
+func (l *sniListener) passthrough(c net.Conn, hello sni.Hello, name sni.Name) {
+	start := time.Now()
+	src := c.RemoteAddr().String()
+	log := l.log.With(logkey.Source, src, logkey.Device, name.Device, logkey.Service, name.Service)
+	dev, err := l.open(l.ctx, connect.Target{Device: name.Device, Service: name.Service, Network: connect.Passthrough})
+	if err == nil {
+		l.track(dev)
+		defer l.untrack(dev)
+		defer dev.Close()
+		_, err = dev.Write(hello.Raw)
+	}
+	// The open costs no round trip: a refusal shows as the first read's
+	// error, and the client, its hello sent, waits for the server's.
+	var first [16 << 10]byte
+	n := 0
+	if err == nil {
+		n, err = dev.Read(first[:])
+	}
+	if err != nil && n == 0 {
+		log.Info("passthrough refused", logkey.Err, err)
+		writeAlert(c, alertFor(err))
+		return
+	}
+	if _, err := c.Write(first[:n]); err != nil {
+		return
+	}
+	log.Info("passthrough connected")
+	res := splice.Join(c, dev)
+	log.Info("passthrough disconnected", logkey.DurationMS, time.Since(start).Milliseconds(),
+		logkey.BytesIn, res.AToB+int64(len(hello.Raw)), logkey.BytesOut, res.BToA+int64(n))
+}
+
+// alertFor is the TLS alert that tells a user why a passthrough failed.
+func alertFor(err error) byte {
+	switch {
+	case errors.Is(err, connect.ErrNoDevice), errors.Is(err, connect.ErrUnknownService):
+		return alertUnrecognizedName
+	case errors.Is(err, connect.ErrForbidden):
+		return alertAccessDenied
+	}
+	return alertInternalError
+}
+
+// writeAlert sends a fatal TLS alert in a plaintext record, as a server
+// does before its hello.
+func writeAlert(c net.Conn, desc byte) {
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	c.Write([]byte{21, 3, 1, 0, 2, 2, desc}) // alert record, TLS 1.0 framing, level fatal
+}
+
+func (l *sniListener) track(c net.Conn) {
+	l.mu.Lock()
+	l.pipes[c] = struct{}{}
+	l.mu.Unlock()
+}
+
+func (l *sniListener) untrack(c net.Conn) {
+	l.mu.Lock()
+	delete(l.pipes, c)
+	l.mu.Unlock()
+}
+
+// replayConn reads head before the connection: the bytes of the hello
+// that routing read.
+type replayConn struct {
+	net.Conn
+	head []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.head) > 0 {
+		n := copy(p, c.head)
+		c.head = c.head[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
