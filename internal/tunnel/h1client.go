@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,20 +93,22 @@ func (c *h1Client) roundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	fresh := false
+	var lost error // the failure on a stale idle stream, when req goes again
 	for {
-		st, reused, err := c.get(req.Context(), fresh)
+		st, reused, err := c.get(req.Context(), lost != nil)
 		if err != nil {
 			if req.Body != nil {
 				req.Body.Close()
 			}
-			return nil, err
+			// A new stream that cannot open does not undo the first
+			// attempt: it may have reached the service.
+			return nil, cmp.Or(lost, err)
 		}
 		resp, back, err := exchange(c, st, req)
 		if err == nil || !reused || back || !replay.Repeatable(req) {
 			return resp, err
 		}
-		fresh = true
+		lost = err
 	}
 }
 
