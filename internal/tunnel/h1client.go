@@ -104,7 +104,7 @@ func (c *h1Client) roundTrip(req *http.Request) (*http.Response, error) {
 			// attempt: it may have reached the service.
 			return nil, cmp.Or(lost, err)
 		}
-		resp, back, err := exchange(c, st, req)
+		resp, back, err := c.exchange(st, req)
 		if err == nil || !reused || back || !replay.Repeatable(req) {
 			return resp, err
 		}
@@ -241,9 +241,9 @@ func (c *h1Client) numIdle() int {
 	return len(c.idle)
 }
 
-// exch is one request and its answer on one stream. Once the answer's
+// h1Exchange is one request and its answer on one stream. Once the answer's
 // header is read, it is the answer's body.
-type exch struct {
+type h1Exchange struct {
 	c    *h1Client
 	st   *mux.Stream
 	req  *http.Request
@@ -270,8 +270,8 @@ const (
 
 // exchange sends req on st and reads the answer's header. back reports
 // whether any byte of an answer came back before a failure.
-func exchange(c *h1Client, st *mux.Stream, req *http.Request) (resp *http.Response, back bool, err error) {
-	x := &exch{c: c, st: st, req: req}
+func (c *h1Client) exchange(st *mux.Stream, req *http.Request) (resp *http.Response, back bool, err error) {
+	x := &h1Exchange{c: c, st: st, req: req}
 	x.in = answerReader{st: st, left: maxResponseHeaderBytes}
 	x.stop = context.AfterFunc(req.Context(), func() { st.Reset(mux.CodeCancel) })
 	if req.Body == nil || req.Body == http.NoBody {
@@ -302,7 +302,7 @@ func exchange(c *h1Client, st *mux.Stream, req *http.Request) (resp *http.Respon
 // startBody writes the request, with its body, on a goroutine of its
 // own: the exchange owns it, and it ends when the body is written, fails
 // to read, or the stream fails (a reset ends a write in progress).
-func (x *exch) startBody() {
+func (x *h1Exchange) startBody() {
 	w := new(http.Request)
 	*w = *x.req // a shallow copy: a retry may rewind x.req's body meanwhile
 	b := &requestBody{rc: x.req.Body, ctx: x.req.Context()}
@@ -328,7 +328,7 @@ func (x *exch) startBody() {
 // readHeader reads the final answer's header: 100 Continue lets the body
 // go, other informational answers go to the request's trace (which
 // httputil.ReverseProxy passes on to the user), 101 is final.
-func (x *exch) readHeader() (*http.Response, error) {
+func (x *h1Exchange) readHeader() (*http.Response, error) {
 	n1xx := 0
 	for {
 		resp, err := http.ReadResponse(x.br, x.req)
@@ -357,7 +357,7 @@ func (x *exch) readHeader() (*http.Response, error) {
 }
 
 // letBody tells a body waiting for 100 Continue whether to go, once.
-func (x *exch) letBody(ok bool) {
+func (x *h1Exchange) letBody(ok bool) {
 	if x.cont != nil {
 		x.cont <- ok
 		x.cont = nil
@@ -366,7 +366,7 @@ func (x *exch) letBody(ok bool) {
 
 // cause says why the exchange failed: a reset of this end's own is the
 // request context's end or the request body's failure.
-func (x *exch) cause(err error) error {
+func (x *h1Exchange) cause(err error) error {
 	if errors.Is(err, errResponseHeaderTooLarge) || !isLocalReset(err) {
 		return err
 	}
@@ -392,7 +392,7 @@ func isLocalReset(err error) bool {
 
 // Read reads the answer's body. At its end, the stream goes back to the
 // pool if the exchange ended cleanly.
-func (x *exch) Read(p []byte) (int, error) {
+func (x *h1Exchange) Read(p []byte) (int, error) {
 	switch x.state.Load() {
 	case bodyEOF:
 		return 0, io.EOF
@@ -418,7 +418,7 @@ func (x *exch) Read(p []byte) (int, error) {
 }
 
 // Close ends the answer: a body not read to its end resets the stream.
-func (x *exch) Close() error {
+func (x *h1Exchange) Close() error {
 	if x.body == http.NoBody && x.state.CompareAndSwap(bodyOpen, bodyEOF) {
 		x.finish() // nothing to read: the answer is whole
 		return nil
@@ -433,7 +433,7 @@ func (x *exch) Close() error {
 
 // finish ends an answer read to its end: its stream goes back to the pool
 // when the exchange ended cleanly, else is reset.
-func (x *exch) finish() {
+func (x *h1Exchange) finish() {
 	reuse := x.stop() && // false: the request's context ended, and resets the stream
 		!x.resp.Close && !x.req.Close &&
 		!httpguts.HeaderValuesContainsToken(x.req.Header["Connection"], "close") &&
@@ -448,7 +448,7 @@ func (x *exch) finish() {
 
 // bodyWritten reports whether the request body, if any, was wholly
 // written, waiting writeGrace at most for its writer to end.
-func (x *exch) bodyWritten() bool {
+func (x *h1Exchange) bodyWritten() bool {
 	if x.wrote == nil {
 		return true
 	}
@@ -478,6 +478,9 @@ type requestBody struct {
 }
 
 func (b *requestBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
 	if b.cont != nil {
 		if err := b.waitContinue(); err != nil {
 			b.err = err

@@ -480,3 +480,39 @@ func TestH1IdlePoolBoundsAndSweep(t *testing.T) {
 		t.Fatal("take returned an expired stream")
 	}
 }
+
+// failingBody yields some bytes, then fails with err.
+type failingBody struct {
+	sent bool
+	err  error
+}
+
+func (b *failingBody) Read(p []byte) (int, error) {
+	if !b.sent {
+		b.sent = true
+		return copy(p, "part of a body"), nil
+	}
+	return 0, b.err
+}
+
+func (b *failingBody) Close() error { return nil }
+
+// TestH1BodyFailureIsTheCause: a request body that fails to read resets
+// the stream, and the round trip fails with the body's own error (the
+// relay answers a user whose upload broke off by it).
+func TestH1BodyFailureIsTheCause(t *testing.T) {
+	svc := serveRaw(t, func(_ int32, c net.Conn, br *bufio.Reader) {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body) // until the reset; never answers
+	})
+	pool := v2Raw(t, svc)
+	boom := errors.New("the user went away mid-upload")
+	req, _ := http.NewRequest(http.MethodPost, "http://dev/upload", &failingBody{err: boom})
+	req.ContentLength = 1000
+	if _, err := pool.RoundTrip(req); !errors.Is(err, boom) {
+		t.Fatalf("got %v, want the body's error", err)
+	}
+}
