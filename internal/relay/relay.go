@@ -109,7 +109,15 @@ func (h *Handler) WaitIdle(ctx context.Context) error {
 	}
 }
 
+// targetKey keys a request's routed in its context.
 type targetKey struct{}
+
+// routed is where the handler sends a request, and from which relay it
+// came ("" for a user's own): rewrite reads both in one look-up.
+type routed struct {
+	Target
+	from string
+}
 
 // NewHandler returns the public handler.
 func NewHandler(cfg Config) *Handler {
@@ -171,7 +179,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &userBody{ReadCloser: r.Body}
 	}
-	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, t))
+	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, routed{Target: t, from: from}))
 	defer h.track()()
 	h.proxy.ServeHTTP(w, r)
 }
@@ -235,7 +243,8 @@ func (h *Handler) serveLocal(w http.ResponseWriter, r *http.Request) {
 // rewrite points the outgoing request at the device: the URL's host is the
 // device name, which the transport reads.
 func rewrite(pr *httputil.ProxyRequest) {
-	t := pr.In.Context().Value(targetKey{}).(Target)
+	rt := pr.In.Context().Value(targetKey{}).(routed)
+	t := rt.Target
 	out := pr.Out
 	out.URL.Scheme = "http"
 	out.URL.Host = t.Device
@@ -244,7 +253,7 @@ func rewrite(pr *httputil.ProxyRequest) {
 	out.URL.RawPath = t.RawPath
 	out.Host = pr.In.Host
 	StripCredentials(out.Header, out.URL) // on every relay, forwarded requests too
-	if ForwardedFrom(pr.In.Context()) == "" {
+	if rt.from == "" {
 		pr.SetXForwarded()
 		return
 	}

@@ -121,7 +121,10 @@ func shareable(req *http.Request) bool {
 
 // pass hands on an answer that is not shared, without the marker.
 func (f *Fanout) pass(resp *http.Response, err error) (*http.Response, error) {
-	if resp != nil && (f.Forwarded == nil || !f.Forwarded(resp.Request)) {
+	if resp == nil {
+		return resp, err
+	}
+	if _, marked := resp.Header[BroadcastHeader]; marked && (f.Forwarded == nil || !f.Forwarded(resp.Request)) {
 		resp.Header.Del(BroadcastHeader)
 	}
 	return resp, err

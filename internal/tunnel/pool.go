@@ -583,6 +583,24 @@ func (b *countedBody) CloseWrite() error {
 	return nil
 }
 
+// WriteTo passes an upgraded stream's own copying through (io.Copy
+// from the body), so that no copy buffer of io.Copy's is held for it.
+func (b *countedBody) WriteTo(w io.Writer) (int64, error) {
+	if wt, ok := b.ReadCloser.(io.WriterTo); ok {
+		return wt.WriteTo(w)
+	}
+	return io.Copy(w, onlyReader{b.ReadCloser})
+}
+
+// ReadFrom passes an upgraded stream's own copying through (io.Copy to
+// the body).
+func (b *countedBody) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := b.ReadCloser.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(onlyWriter{b}, r)
+}
+
 // watchedConn calls onDead once when the connection fails or closes.
 type watchedConn struct {
 	net.Conn

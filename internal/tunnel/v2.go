@@ -55,8 +55,8 @@ var ErrNoHTTPService = errors.New("the device's agent offers no HTTP service")
 
 // muxCarrier is version 2's carrier: a multiplexed session on which each
 // HTTP connection to the agent's HTTP service is one stream, pooled with
-// keep-alive by net/http, so that the relay is the only HTTP stack and
-// the agent copies bytes.
+// keep-alive, so that the relay is the only HTTP stack and the agent
+// copies bytes.
 type muxCarrier struct {
 	device   string
 	ms       *mux.Session
@@ -64,7 +64,7 @@ type muxCarrier struct {
 	svc      service.Announced
 	path     string          // svc.Path unescaped
 	ok       bool            // the agent announced service.Default
-	h1       *http.Transport // HTTP/1.1 connections: every request of an HTTP/1.1 service, the upgrades of an h2c one
+	h1       h1Client        // HTTP/1.1: every request of an HTTP/1.1 service, the upgrades of an h2c one
 	h2       *http.Transport // for an h2c service, its requests but upgrades; nil otherwise
 }
 
@@ -83,25 +83,25 @@ const MaxWindow = 2 << 20
 const streamIdleTimeout = 30 * time.Second
 
 // maxIdleStreams is how many idle pooled HTTP connections one session
-// keeps for reuse: generous for bursts, each costing about 10 KiB on the
-// relay (its stream and net/http's buffers) and a connection to the
-// service on the agent.
+// keeps for reuse: generous for bursts, each costing its stream on the
+// relay (no buffer: those are pooled while a request moves) and a
+// connection to the service on the agent.
 const maxIdleStreams = 256
 
 func newMuxCarrier(device string, ms *mux.Session, services map[string]service.Announced) *muxCarrier {
 	c := &muxCarrier{device: device, ms: ms, services: services}
 	c.svc, c.ok = services[service.Default]
 	c.path, _ = url.PathUnescape(c.svc.Path)
-	c.h1 = c.transport(false)
+	c.h1.open = c.open
 	if c.svc.H2C {
-		c.h2 = c.transport(true)
+		c.h2 = c.h2Transport()
 	}
 	return c
 }
 
-// transport returns an HTTP client whose connections are streams to the
-// HTTP service.
-func (c *muxCarrier) transport(h2c bool) *http.Transport {
+// h2Transport returns an HTTP/2 client with prior knowledge whose
+// connections are streams to the HTTP service.
+func (c *muxCarrier) h2Transport() *http.Transport {
 	t := &http.Transport{
 		DialContext:         c.dial,
 		MaxIdleConns:        0, // no cap: the per-host one bounds it
@@ -109,28 +109,34 @@ func (c *muxCarrier) transport(h2c bool) *http.Transport {
 		IdleConnTimeout:     streamIdleTimeout,
 		DisableCompression:  true, // the backend's encoding passes through untouched
 		Protocols:           new(http.Protocols),
-		// The default 4 KiB buffers: a pooled idle connection holds them
-		// for its life, and large bodies bypass them anyway.
 	}
-	if h2c {
-		t.Protocols.SetUnencryptedHTTP2(true)
-	} else {
-		t.Protocols.SetHTTP1(true)
-	}
+	t.Protocols.SetUnencryptedHTTP2(true)
 	return t
 }
 
-// dial opens a stream to the HTTP service. An error here means nothing of
+// serviceMeta is the metadata of a stream to the HTTP service.
+var serviceMeta = []byte(service.Default)
+
+// open opens a stream to the HTTP service. An error here means nothing of
 // the request was sent.
-func (c *muxCarrier) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	st, err := c.ms.Open(ctx, []byte(service.Default))
+func (c *muxCarrier) open(ctx context.Context) (*mux.Stream, error) {
+	st, err := c.ms.Open(ctx, serviceMeta)
 	if err != nil {
 		return nil, &mux.OpenError{Err: err}
+	}
+	return st, nil
+}
+
+// dial is open for net/http's HTTP/2 client.
+func (c *muxCarrier) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	st, err := c.open(ctx)
+	if err != nil {
+		return nil, err
 	}
 	return &clientStream{Stream: st}, nil
 }
 
-// clientStream is a stream as net/http's client holds it. Closing it
+// clientStream is a stream as net/http's HTTP/2 client holds it. Closing it
 // before its sending side was half-closed abandons it (a reset): net/http
 // closes a connection when it is done with it or gives up on it (the user
 // went away), and the reset makes the agent close its connection to the
@@ -173,11 +179,13 @@ func (c *muxCarrier) roundTrip(req *http.Request) (*http.Response, error) {
 	} else if out.Host == "" {
 		out.Host = req.URL.Host
 	}
-	t := c.h1
+	var resp *http.Response
+	var err error
 	if c.h2 != nil && upgradeType(req.Header) == "" {
-		t = c.h2
+		resp, err = c.h2.RoundTrip(out)
+	} else {
+		resp, err = c.h1.roundTrip(out)
 	}
-	resp, err := t.RoundTrip(out)
 	if err != nil {
 		return nil, c.mapError(err)
 	}
@@ -215,6 +223,7 @@ func (c *muxCarrier) perAgentCap() int64 { return 0 }
 // flight have ended.
 func (c *muxCarrier) shutdown(ctx context.Context) error {
 	c.ms.GoAway(0)
+	c.h1.closeIdle(true)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -233,7 +242,7 @@ func (c *muxCarrier) shutdown(ctx context.Context) error {
 }
 
 func (c *muxCarrier) closeIdle() {
-	c.h1.CloseIdleConnections()
+	c.h1.closeIdle(false)
 	if c.h2 != nil {
 		c.h2.CloseIdleConnections()
 	}
@@ -241,7 +250,10 @@ func (c *muxCarrier) closeIdle() {
 
 func (c *muxCarrier) close() error {
 	err := c.ms.Close()
-	c.closeIdle()
+	c.h1.closeIdle(true)
+	if c.h2 != nil {
+		c.h2.CloseIdleConnections()
+	}
 	return err
 }
 
