@@ -1,0 +1,312 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-relay/switchboard/internal/mux"
+	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/replay"
+	"github.com/switchboard-relay/switchboard/internal/secret"
+	"github.com/switchboard-relay/switchboard/internal/service"
+	"github.com/switchboard-relay/switchboard/internal/splice"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// agent is a device's version 2 agent on the holder, over a real
+// connection: the holder's end opens streams, the agent's end dials the
+// backend for each and copies bytes, or resets it with refuse when set.
+type agent struct {
+	relay   *mux.Session
+	svc     service.Announced
+	open    atomic.Int64 // streams being copied
+	refuse  uint32
+	leaving context.Context
+	leave   context.CancelFunc
+}
+
+func newAgent(t *testing.T, backend string, svc service.Announced) *agent {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dialled, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agent{svc: svc}
+	a.leaving, a.leave = context.WithCancel(context.Background())
+	a.relay = mux.New(accepted, mux.Config{RefuseStreams: true})
+	dev := mux.New(dialled, mux.Config{Client: true})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			st, err := dev.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				if a.refuse != 0 {
+					st.Reset(a.refuse)
+					return
+				}
+				c, err := net.Dial("tcp", backend)
+				if err != nil {
+					st.Reset(tunnel.CodeServiceUnreachable)
+					return
+				}
+				a.open.Add(1)
+				defer a.open.Add(-1)
+				splice.Join(st, c)
+			})
+		}
+	})
+	t.Cleanup(func() {
+		a.leave()
+		a.relay.Close()
+		dev.Close()
+		wg.Wait()
+	})
+	return a
+}
+
+// OpenHTTP opens a stream to the agent, or refuses with ErrNoAgent when
+// the agent is nil (a version 1 agent).
+func (a *agent) OpenHTTP(ctx context.Context, device string) (*tunnel.HTTPStream, error) {
+	if a == nil || device != "dev" {
+		return nil, tunnel.ErrNoAgent
+	}
+	st, err := a.relay.Open(ctx, []byte(service.Default))
+	if err != nil {
+		return nil, err
+	}
+	return &tunnel.HTTPStream{Stream: st, Service: a.svc, Leaving: a.leaving}, nil
+}
+
+// nobody is a holder with no version 2 agent.
+type nobody struct{}
+
+func (nobody) OpenHTTP(context.Context, string) (*tunnel.HTTPStream, error) {
+	return nil, tunnel.ErrNoAgent
+}
+
+func signer(t *testing.T, s []byte, id string) *peer.Signer {
+	t.Helper()
+	ring, err := secret.NewRing(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg, err := peer.NewSigner(ring, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sg
+}
+
+// fixture is a holder (a forward Server on a real HTTP server) and a
+// forwarding relay's Forwarder, both with the fleet secret.
+type fixture struct {
+	holder   *Server
+	url      string
+	f        *Forwarder
+	sessions atomic.Int64 // upgrades the holder's listener took
+}
+
+func newFixture(t *testing.T, open Opener, forwarderSecret []byte) *fixture {
+	t.Helper()
+	fleetSecret := secret.New()
+	if forwarderSecret == nil {
+		forwarderSecret = fleetSecret
+	}
+	fx := &fixture{holder: &Server{Open: open, Verify: signer(t, fleetSecret, "rl-00000002").VerifySignature}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fx.sessions.Add(1)
+		fx.holder.ServeHTTP(w, r)
+	}))
+	fx.url = srv.URL
+	fx.f = NewForwarder(Config{Sign: signer(t, forwarderSecret, "rl-00000001").Signature})
+	t.Cleanup(func() {
+		fx.f.Close()
+		fx.holder.Close()
+		srv.Close()
+	})
+	return fx
+}
+
+func (fx *fixture) do(method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequest(method, "http://dev"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Host = "users.example"
+	return fx.f.RoundTrip(req, "rl-00000002", fx.url)
+}
+
+// backend answers with what it got: method, Host, path and body.
+func backend(t *testing.T) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %s %s", r.Method, r.Host, r.URL.Path, b)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// answer returns the body of the answer to a request through the holder.
+func (fx *fixture) answer(t *testing.T, method, path string, body io.Reader) string {
+	t.Helper()
+	resp, err := fx.do(method, path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestRequestsOverOneStream: requests through the holder reach the agent's
+// service with the announced path and Host, over one pooled stream.
+func TestRequestsOverOneStream(t *testing.T) {
+	a := newAgent(t, backend(t), service.Announced{Name: "http", Kind: service.HTTP, Path: "/base", Host: "device.local"})
+	fx := newFixture(t, a, nil)
+	for i := range 3 {
+		got := fx.answer(t, http.MethodPost, "/x", strings.NewReader(fmt.Sprint(i)))
+		if want := fmt.Sprintf("POST device.local /base/x %d", i); got != want {
+			t.Errorf("request %d: %q, want %q", i, got, want)
+		}
+	}
+	if n := fx.f.Streams(); n != 1 {
+		t.Errorf("%d streams for three requests one after another, want 1", n)
+	}
+}
+
+// TestUnavailable: a holder with no version 2 agent of the device resets
+// the stream, and the forwarder says so without reading the request's
+// body, so that it goes over HTTP whole; it does not ask again at once.
+func TestUnavailable(t *testing.T) {
+	fx := newFixture(t, nobody{}, nil)
+	body := strings.NewReader("whole")
+	_, err := fx.do(http.MethodPost, "/x", io.NopCloser(body))
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("no agent at the holder: %v, want ErrUnavailable", err)
+	}
+	if body.Len() != len("whole") {
+		t.Errorf("%d bytes of the body left, want all of it", body.Len())
+	}
+	if _, err := fx.do(http.MethodGet, "/x", nil); !errors.Is(err, ErrUnavailable) || fx.f.Streams() != 1 {
+		t.Errorf("again at once: %v after %d streams; want ErrUnavailable without a new stream", err, fx.f.Streams())
+	}
+}
+
+// TestOlderHolder: a relay from before stream forwards refuses the
+// upgrade; the forwarder says ErrUnavailable and does not ask it again at
+// once. So does a holder that refuses the session's signature (another
+// fleet secret): the request goes over HTTP, which answers why.
+func TestOlderHolder(t *testing.T) {
+	var upgrades atomic.Int64
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upgrades.Add(1)
+		http.NotFound(w, r)
+	}))
+	defer old.Close()
+	f := NewForwarder(Config{Sign: signer(t, secret.New(), "rl-00000001").Signature})
+	defer f.Close()
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodGet, "http://dev/x", nil)
+		if _, err := f.RoundTrip(req, "rl-00000002", old.URL); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("an older holder: %v, want ErrUnavailable", err)
+		}
+	}
+	if n := upgrades.Load(); n != 1 {
+		t.Errorf("the older holder was asked %d times, want once", n)
+	}
+
+	fx := newFixture(t, nobody{}, secret.New())
+	if _, err := fx.do(http.MethodGet, "/x", nil); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("another fleet secret: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestServiceRefused: the agent's refusal to reach its service reaches
+// the forwarding relay as the *tunnel.ServiceError it is.
+func TestServiceRefused(t *testing.T) {
+	a := newAgent(t, backend(t), service.Announced{Name: "http", Kind: service.HTTP})
+	a.refuse = tunnel.CodeServiceRefused
+	fx := newFixture(t, a, nil)
+	_, err := fx.do(http.MethodGet, "/x", nil)
+	var se *tunnel.ServiceError
+	if !errors.As(err, &se) || se.Code != tunnel.CodeServiceRefused {
+		t.Fatalf("refused service: %v, want a *tunnel.ServiceError", err)
+	}
+}
+
+// TestRetire: when the agent's session is asked to go, the pooled stream
+// spliced onto it is closed at once rather than when idle streams time out
+// (30 s), so that the session can end.
+func TestRetire(t *testing.T) {
+	a := newAgent(t, backend(t), service.Announced{Name: "http", Kind: service.HTTP})
+	fx := newFixture(t, a, nil)
+	fx.answer(t, http.MethodGet, "/x", nil)
+	if n := a.open.Load(); n != 1 {
+		t.Fatalf("%d streams at the agent after a request, want the pooled one", n)
+	}
+	a.leave()
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if n := a.open.Load(); n != 0 {
+			return fmt.Errorf("%d streams still open at the agent", n)
+		}
+		return nil
+	})
+	// A new request opens a new stream.
+	if got := fx.answer(t, http.MethodGet, "/y", nil); got != "GET users.example /y " {
+		t.Errorf("after the retirement: %q", got)
+	}
+}
+
+// TestHolderGone: a holder that goes away with a request in flight loses
+// it (package replay's Lost: it may have reached the device), and one
+// that is gone refuses the next (Refused), so that the router vetoes it.
+func TestHolderGone(t *testing.T) {
+	arrived := make(chan struct{})
+	stall := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-r.Context().Done()
+	}))
+	defer stall.Close()
+	a := newAgent(t, strings.TrimPrefix(stall.URL, "http://"), service.Announced{Name: "http", Kind: service.HTTP})
+	fx := newFixture(t, a, nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := fx.do(http.MethodGet, "/x", nil)
+		errc <- err
+	}()
+	<-arrived
+	fx.holder.Close()
+	if err := <-errc; replay.Classify(err) != replay.Lost && replay.Classify(err) != replay.Reset {
+		t.Errorf("request in flight at a holder that went: %v (%v), want it lost", err, replay.Classify(err))
+	}
+}
