@@ -455,7 +455,8 @@ func (r *route) roundTrip(req *http.Request) (*http.Response, error) {
 	} else if out.Host == "" {
 		out.Host = req.URL.Host
 	}
-	if retiring {
+	upgrade := req.Header.Get("Upgrade") != ""
+	if retiring && !upgrade {
 		out.Close = true // a retiring stream is not reused after this request
 	}
 	var body *heldBody
@@ -464,7 +465,7 @@ func (r *route) roundTrip(req *http.Request) (*http.Response, error) {
 		out.Body = body
 	}
 	t := g.h1
-	if g.h2 != nil && req.Header.Get("Upgrade") == "" {
+	if g.h2 != nil && !upgrade {
 		t = g.h2
 	}
 	resp, err := t.RoundTrip(out)

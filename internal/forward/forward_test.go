@@ -222,6 +222,47 @@ func TestUnavailable(t *testing.T) {
 	}
 }
 
+// switchable is an opener whose agent can go: nil opens nothing.
+type switchable struct {
+	mu sync.Mutex
+	a  *agent
+}
+
+func (s *switchable) set(a *agent) { s.mu.Lock(); s.a = a; s.mu.Unlock() }
+
+func (s *switchable) OpenHTTP(ctx context.Context, device string) (*tunnel.HTTPStream, error) {
+	s.mu.Lock()
+	a := s.a
+	s.mu.Unlock()
+	return a.OpenHTTP(ctx, device)
+}
+
+// TestAgentGoneBetweenRequests: when the holder no longer has a version 2
+// agent of the device (it came back as version 1), the next request that
+// needs a new stream is told ErrUnavailable with its body unread, though
+// the forwarder had a client for the device already.
+func TestAgentGoneBetweenRequests(t *testing.T) {
+	a := newAgent(t, backend(t), service.Announced{Name: "http", Kind: service.HTTP})
+	open := &switchable{a: a}
+	fx := newFixture(t, open, nil)
+	fx.answer(t, http.MethodGet, "/x", nil)
+	open.set(nil)
+	a.relay.Close() // the agent's session ends, and the pooled stream with it
+	testkit.Eventually(t, 5*time.Second, func() error {
+		body := strings.NewReader("whole")
+		_, err := fx.do(http.MethodPost, "/x", io.NopCloser(body))
+		switch {
+		case err == nil:
+			return errors.New("answered without an agent")
+		case !errors.Is(err, ErrUnavailable):
+			return err // the pooled stream's end, seen first
+		case body.Len() != len("whole"):
+			t.Fatalf("%d bytes of the body left, want all of it", body.Len())
+		}
+		return nil
+	})
+}
+
 // TestOlderHolder: a relay from before stream forwards refuses the
 // upgrade; the forwarder says ErrUnavailable and does not ask it again at
 // once. So does a holder that refuses the session's signature (another
