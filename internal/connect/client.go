@@ -50,8 +50,9 @@ type Client struct {
 	cfg      ClientConfig
 	acceptor sync.WaitGroup // the goroutines that hand Accept the relay's streams
 
-	mu   sync.Mutex // guards sess
-	sess *mux.Session
+	mu      sync.Mutex // guards the fields below
+	sess    *mux.Session
+	retired map[*mux.Session]struct{} // sessions that take no new stream, until their streams end
 }
 
 // NewClient returns a client; it connects at the first Dial.
@@ -87,11 +88,51 @@ func (c *Client) Dial(ctx context.Context, target Target) (net.Conn, error) {
 // handshake (a *HandshakeError: the relay refused the upgrade) means no
 // stream was opened.
 func (c *Client) Open(ctx context.Context, meta []byte) (*mux.Stream, error) {
-	sess, err := c.session(ctx)
-	if err != nil {
-		return nil, err
+	for range 2 {
+		sess, err := c.session(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st, err := sess.Open(ctx, meta)
+		if errors.Is(err, mux.ErrStreamsExhausted) || errors.Is(err, mux.ErrGoAway) {
+			c.retire(sess) // a new session for this stream and the next
+			continue
+		}
+		return st, err
 	}
-	return sess.Open(ctx, meta)
+	return nil, &mux.OpenError{Err: mux.ErrGoAway}
+}
+
+// retire stops opening streams on sess, which takes no more, and closes it
+// once its streams have ended.
+func (c *Client) retire(sess *mux.Session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess != sess {
+		return
+	}
+	c.sess = nil
+	if c.retired == nil {
+		c.retired = map[*mux.Session]struct{}{}
+	}
+	c.retired[sess] = struct{}{}
+	c.acceptor.Go(func() {
+		defer func() {
+			c.mu.Lock()
+			delete(c.retired, sess)
+			c.mu.Unlock()
+		}()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for sess.NumStreams() > 0 {
+			select {
+			case <-sess.Done():
+				return
+			case <-tick.C:
+			}
+		}
+		sess.Close()
+	})
 }
 
 // Close ends the connection to the fleet, and every stream on it.
@@ -100,6 +141,9 @@ func (c *Client) Close() error {
 	var err error
 	if c.sess != nil {
 		err = c.sess.Close()
+	}
+	for sess := range c.retired {
+		sess.Close()
 	}
 	c.mu.Unlock()
 	c.acceptor.Wait()

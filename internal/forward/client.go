@@ -238,7 +238,10 @@ func (h *holder) open(ctx context.Context, device string) (*conn, *generationKey
 			h.mu.Unlock()
 			return nil, nil, fmt.Errorf("%w: relay %s: %w", ErrUnavailable, h.id, err)
 		}
-		return nil, nil, err // a dial that failed: package replay reads it
+		if errors.Is(err, mux.ErrSessionClosed) || errors.Is(err, mux.ErrTimeout) {
+			err = &mux.OpenError{Err: err} // the session ended as the stream opened: nothing was sent
+		}
+		return nil, nil, err // or a dial that failed: package replay reads it
 	}
 	h.f.streams.Add(1)
 	c := &conn{Stream: st, h: h}
