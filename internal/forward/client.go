@@ -106,6 +106,23 @@ func (f *Forwarder) RoundTrip(req *http.Request, holderID, address string) (*htt
 	return resp, err
 }
 
+// Open opens a stream to the HTTP service of device's agent through the
+// relay holderID, advertised at address, and returns it with the holder's
+// announcement of the service (its path, Host and protocol, which the
+// caller applies), for an HTTP client of the caller's own to run over.
+// Errors are RoundTrip's: ErrUnavailable when the holder serves none.
+func (f *Forwarder) Open(ctx context.Context, holderID, address, device string) (net.Conn, service.Announced, error) {
+	r, err := f.route(holderID, address, device)
+	if err != nil {
+		return nil, service.Announced{}, err
+	}
+	c, k, err := r.h.open(ctx, device)
+	if err != nil {
+		return nil, service.Announced{}, err
+	}
+	return c, k.svc, nil
+}
+
 // Streams returns how many streams were opened to holders.
 func (f *Forwarder) Streams() int64 { return f.streams.Load() }
 

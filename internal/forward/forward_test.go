@@ -1,6 +1,7 @@
 package forward
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -201,6 +202,25 @@ func TestRequestsOverOneStream(t *testing.T) {
 	}
 	if n := fx.f.Streams(); n != 1 {
 		t.Errorf("%d streams for three requests one after another, want 1", n)
+	}
+
+	// Open hands the stream and the announcement to a client of one's own.
+	conn, svc, err := fx.f.Open(t.Context(), "rl-00000002", fx.url, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if svc.Path != "/base" || svc.Host != "device.local" {
+		t.Errorf("announcement %+v", svc)
+	}
+	io.WriteString(conn, "GET "+svc.Path+"/raw HTTP/1.1\r\nHost: "+svc.Host+"\r\nConnection: close\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != "GET device.local /base/raw " {
+		t.Errorf("over an opened stream: %q", b)
 	}
 }
 

@@ -129,6 +129,7 @@ var (
 	_ router.Changes         = (*changeHub)(nil)
 	_ router.Spender         = codeSpender{}
 	_ router.ForwardObserver = (*router.ForwardMetrics)(nil)
+	_ router.StreamForwarder = (*forward.Forwarder)(nil)
 )
 
 // fleetView is this relay's view of where devices are served, in its
