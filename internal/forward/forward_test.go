@@ -2,6 +2,7 @@ package forward
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -370,4 +371,61 @@ func TestHolderGone(t *testing.T) {
 	if err := <-errc; replay.Classify(err) != replay.Lost && replay.Classify(err) != replay.Reset {
 		t.Errorf("request in flight at a holder that went: %v (%v), want it lost", err, replay.Classify(err))
 	}
+}
+
+// TestSessionRefusals: the endpoint answers 426 to anything but its
+// upgrade, and 401 to an upgrade without a valid session signature, before
+// taking the connection.
+func TestSessionRefusals(t *testing.T) {
+	fx := newFixture(t, nobody{}, nil)
+	for _, c := range []struct {
+		name   string
+		header http.Header
+		want   int
+	}{
+		{"no upgrade", http.Header{}, http.StatusUpgradeRequired},
+		{"unsigned", http.Header{"Connection": {"Upgrade"}, "Upgrade": {Protocol}}, http.StatusUnauthorized},
+		{"signed for a device", http.Header{"Connection": {"Upgrade"}, "Upgrade": {Protocol},
+			peer.Header: {signer(t, secret.New(), "rl-00000001").Signature("dev")}}, http.StatusUnauthorized},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, fx.url+Path, nil)
+		req.Header = c.header
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s: %d, want %d", c.name, resp.StatusCode, c.want)
+		}
+	}
+}
+
+// FuzzOpening feeds the holder's decoders, a stream's opening and the
+// announcement, arbitrary bytes: they refuse what they cannot read and
+// never panic; what they read, they read back the same.
+func FuzzOpening(f *testing.F) {
+	f.Add([]byte("dev v2 rl-00000001 1764633600 ab12 00ff"), []byte{0, 2, '{', '}'})
+	var pre bytes.Buffer
+	writePreamble(&pre, service.Announced{Name: "http", Kind: service.HTTP, H2C: true, Path: "/p", Broadcast: []string{"/v"}})
+	f.Add([]byte("retire 7"), pre.Bytes())
+	f.Fuzz(func(t *testing.T, meta, preamble []byte) {
+		if device, sig, err := parseOpen(meta); err == nil {
+			if d, s, err := parseOpen(openMeta(device, sig)); err != nil || d != device || s != sig {
+				t.Errorf("opening %q read back as %q %q, %v", meta, d, s, err)
+			}
+		}
+		parseRetire(meta)
+		svc, _, err := readPreamble(bytes.NewReader(preamble))
+		if err != nil {
+			return
+		}
+		var again bytes.Buffer
+		if err := writePreamble(&again, svc); err != nil {
+			t.Fatal(err)
+		}
+		if back, _, err := readPreamble(&again); err != nil || back.Path != svc.Path || back.H2C != svc.H2C {
+			t.Errorf("announcement %+v read back as %+v, %v", svc, back, err)
+		}
+	})
 }
