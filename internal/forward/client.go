@@ -274,6 +274,8 @@ func (h *holder) open(ctx context.Context, device string) (*conn, *generationKey
 		switch {
 		case errors.As(err, &re) && re.Remote && re.Code == CodeUnavailable:
 			return nil, nil, fmt.Errorf("%w: relay %s has no version 2 agent of device %q", ErrUnavailable, h.id, device)
+		case errors.As(err, &re) && re.Remote && re.Code == CodeBusy:
+			return nil, nil, &BusyError{Device: device, Relay: h.id}
 		case ctx.Err() != nil:
 			return nil, nil, ctx.Err()
 		}

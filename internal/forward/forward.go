@@ -26,11 +26,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
 // Protocol names the session in the Upgrade header.
@@ -48,19 +51,43 @@ const SessionScope = "/forward"
 // and the two after it), which it passes on as they are.
 const (
 	// CodeUnavailable: the holder serves no stream to the device's HTTP
-	// service (no version 2 agent of it takes requests here, the device is
-	// busy, the signature was refused). Nothing reached the device; the
+	// service (no version 2 agent of it takes requests here, the signature
+	// was refused). Nothing reached the device; the
 	// request goes over HTTP.
 	CodeUnavailable = mux.CodeApplication + 0x20
 	// CodeAgentLost: the agent's tunnel ended under the stream. What was
 	// sent may have reached the device.
 	CodeAgentLost = mux.CodeApplication + 0x21
+	// CodeBusy: the device has as many requests in flight as the holder
+	// sends it (--max-streams-per-device). Nothing reached it; the user
+	// gets 503 at once.
+	CodeBusy = mux.CodeApplication + 0x22
 )
 
 // ErrUnavailable means the holder offers no stream to the device's HTTP
 // service now: the caller forwards the request over HTTP. Nothing of the
 // request was sent.
 var ErrUnavailable = errors.New("the holder offers no stream forward to the device")
+
+// BusyError is a holder's answer for a device that has as many requests
+// in flight as it sends it: 503 with Retry-After, at once, as the holder's
+// own *tunnel.BusyError is.
+type BusyError struct {
+	Device, Relay string
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("device %q is busy: relay %s, which holds it, sends it as many requests at once as it may; try again shortly", e.Device, e.Relay)
+}
+
+// Is makes the error match tunnel.ErrBusy.
+func (e *BusyError) Is(target error) bool { return target == tunnel.ErrBusy }
+
+// HTTPStatus returns 503.
+func (e *BusyError) HTTPStatus() int { return http.StatusServiceUnavailable }
+
+// RetryAfterDelay returns one second: requests in flight usually end soon.
+func (e *BusyError) RetryAfterDelay() time.Duration { return time.Second }
 
 // maxPreamble bounds the holder's announcement of the service.
 const maxPreamble = service.MaxAnnouncement

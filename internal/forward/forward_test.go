@@ -429,3 +429,21 @@ func FuzzOpening(f *testing.F) {
 		}
 	})
 }
+
+// busy is a holder whose device is at its limit of requests in flight.
+type busy struct{}
+
+func (busy) OpenHTTP(_ context.Context, device string) (*tunnel.HTTPStream, error) {
+	return nil, &tunnel.BusyError{Device: device, DeviceCap: 1}
+}
+
+// TestBusyDevice: a device at its limit on the holder is the user's 503
+// with Retry-After at once, not a forward over HTTP to the same answer.
+func TestBusyDevice(t *testing.T) {
+	fx := newFixture(t, busy{}, nil)
+	_, err := fx.do(http.MethodGet, "/x", nil)
+	var hs interface{ HTTPStatus() int }
+	if !errors.Is(err, tunnel.ErrBusy) || errors.Is(err, ErrUnavailable) || !errors.As(err, &hs) || hs.HTTPStatus() != http.StatusServiceUnavailable {
+		t.Fatalf("busy device: %v, want a 503 that is not ErrUnavailable", err)
+	}
+}

@@ -143,6 +143,10 @@ func (s *Server) join(st *mux.Stream, from string) {
 	}
 	if err != nil {
 		s.logger().Debug("forwarded stream not served here", logkey.RelayID, from, logkey.Device, device, logkey.Err, err)
+		if errors.Is(err, tunnel.ErrBusy) {
+			st.Reset(CodeBusy)
+			return
+		}
 		st.Reset(CodeUnavailable)
 		return
 	}

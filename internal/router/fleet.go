@@ -335,8 +335,8 @@ func (f *Fleet) forward(req *http.Request, device string, t fleet.Target, hops i
 		switch {
 		case err == nil:
 			return resp, nil
-		case errors.As(err, &se):
-			return nil, err // the holder answered: the agent could not reach its service
+		case errors.As(err, &se), errors.Is(err, tunnel.ErrBusy):
+			return nil, err // the holder answered: the agent could not reach its service, or the device is busy
 		case !errors.Is(err, forward.ErrUnavailable):
 			return nil, &forwardError{relay: t.ID, err: err}
 		}

@@ -149,3 +149,19 @@ func (o oneShot) RoundTrip(req *http.Request, holderID, address string) (*http.R
 	}
 	return o.next.RoundTrip(req, holderID, address)
 }
+
+// TestBusyAtTheHolder: a holder's refusal of a busy device is the user's
+// 503 as it is, not a 502 of a forward that failed, and not tried elsewhere.
+func TestBusyAtTheHolder(t *testing.T) {
+	s := &fakeState{known: true, routes: map[string]fleet.Target{"": r2, r2.ID: r3}}
+	f := loopFleet(t, s, &fakePeers{})
+	first := true
+	streams := &fakeStreams{}
+	f.Streams = oneShot{streams, &first, &forward.BusyError{Device: "dev", Relay: r2.ID}}
+	req, _ := http.NewRequest(http.MethodGet, "http://dev/x", nil)
+	_, err := f.RoundTrip(req)
+	var hs interface{ HTTPStatus() int }
+	if !errors.As(err, &hs) || hs.HTTPStatus() != http.StatusServiceUnavailable || len(streams.calls) != 0 || len(s.vetoed) != 0 {
+		t.Errorf("busy at the holder: %v, then %d more forwards, vetoed %v; want a 503 alone", err, len(streams.calls), s.vetoed)
+	}
+}
