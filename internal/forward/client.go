@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"sync"
@@ -60,6 +61,7 @@ type Forwarder struct {
 	cfg Config
 
 	streams, unavailable atomic.Int64 // streams opened; requests sent over HTTP instead
+	notices              atomic.Int64 // holders' notices to retire a stream, read
 
 	mu      sync.Mutex // guards the fields below
 	holders map[string]*holder
@@ -229,6 +231,7 @@ func (h *holder) notice(st *mux.Stream) {
 	if !ok {
 		return
 	}
+	defer h.f.notices.Add(1)
 	h.mu.Lock()
 	c := h.conns[streamKey{st.Session(), id}]
 	h.mu.Unlock()
@@ -490,8 +493,21 @@ func (r *route) roundTrip(req *http.Request) (*http.Response, error) {
 	if g.h2 != nil && !upgrade {
 		t = g.h2
 	}
+	var used atomic.Pointer[conn]
+	if upgrade {
+		out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) {
+				if c, ok := i.Conn.(*conn); ok {
+					used.Store(c)
+				}
+			},
+		}))
+	}
 	resp, err := t.RoundTrip(out)
 	if err == nil {
+		if c := used.Load(); c != nil && resp.StatusCode == http.StatusSwitchingProtocols {
+			r.upgraded(c)
+		}
 		return resp, nil
 	}
 	if errors.Is(err, ErrUnavailable) && body != nil && body.read.Load() {
@@ -510,13 +526,25 @@ func (r *route) mapError(err error) error {
 	return err
 }
 
+// upgraded notes that c carries an upgraded connection (a websocket): it
+// never carries another request, so its retirement is not waited for.
+func (r *route) upgraded(c *conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c.upgraded = true
+	if c.retiring {
+		c.retiring = false
+		r.retiring--
+	}
+}
+
 // retire counts c as a stream the holder asked to retire, and closes the
 // idle pooled streams until every retiring one has closed: a busy one is
 // closed by the HTTP client after its request (Connection: close), or
 // here once it is idle.
 func (r *route) retire(c *conn) {
 	r.mu.Lock()
-	if c.closed || c.retiring {
+	if c.closed || c.retiring || c.upgraded {
 		r.mu.Unlock()
 		return
 	}
@@ -574,6 +602,7 @@ type conn struct {
 	once       sync.Once
 	// guarded by r's mu:
 	retiring bool // the holder asked that it carry no new request
+	upgraded bool // it carries an upgraded connection, never a request again
 	closed   bool
 }
 

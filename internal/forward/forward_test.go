@@ -447,3 +447,57 @@ func TestBusyDevice(t *testing.T) {
 		t.Fatalf("busy device: %v, want a 503 that is not ErrUnavailable", err)
 	}
 }
+
+// TestRetireSkipsUpgrades: a websocket spliced onto a session that is
+// asked to go keeps running, and the device's other requests are not sent
+// with Connection: close for as long as it does: an upgraded stream never
+// carries another request, so it is not waited for.
+func TestRetireSkipsUpgrades(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			fmt.Fprintf(w, "close=%v", r.Close)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw)
+	}))
+	defer srv.Close()
+	a := newAgent(t, strings.TrimPrefix(srv.URL, "http://"), service.Announced{Name: "http", Kind: service.HTTP})
+	fx := newFixture(t, a, nil)
+	if got := fx.answer(t, http.MethodGet, "/x", nil); got != "close=false" {
+		t.Fatalf("first request: %q", got)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://dev/ws", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+	resp, err := fx.f.RoundTrip(req, "rl-00000002", fx.url)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v, %v", resp, err)
+	}
+	ws := resp.Body.(io.ReadWriteCloser)
+	defer ws.Close()
+	a.leave()
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if n, want := fx.f.notices.Load(), fx.f.Streams(); n != want {
+			return fmt.Errorf("%d notices to retire a stream of %d", n, want)
+		}
+		return nil
+	})
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if got := fx.answer(t, http.MethodGet, "/y", nil); got != "close=false" {
+			return fmt.Errorf("while the websocket runs: %q, want the requests' streams kept", got)
+		}
+		return nil
+	})
+	io.WriteString(ws, "still here")
+	b := make([]byte, len("still here"))
+	if _, err := io.ReadFull(ws, b); err != nil || string(b) != "still here" {
+		t.Errorf("the websocket after the retirement: %q, %v", b, err)
+	}
+}
