@@ -303,6 +303,7 @@ type route struct {
 	unavailable time.Time // until then, requests go over HTTP
 	retiring    int       // streams the holder asked to retire that are still open
 	ticking     bool      // closeIdle runs while streams retire
+	retireBy    time.Time // the retiring streams are waited for until then
 	closed      bool
 }
 
@@ -370,7 +371,7 @@ func (r *route) current(ctx context.Context) (*generation, bool, error) {
 		return nil, false, fmt.Errorf("%w: device %q at relay %s", ErrUnavailable, r.device, r.h.id)
 	}
 	if g := r.gen; g != nil {
-		retiring := r.retiring > 0
+		retiring := r.retiringLocked()
 		r.mu.Unlock()
 		return g, retiring, nil
 	}
@@ -394,7 +395,7 @@ func (r *route) current(ctx context.Context) (*generation, bool, error) {
 	old := r.spare
 	c.r.Store(r)
 	r.spare = c
-	g, retiring := r.gen, r.retiring > 0
+	g, retiring := r.gen, r.retiringLocked()
 	r.mu.Unlock()
 	if old != nil {
 		old.Close()
@@ -550,6 +551,7 @@ func (r *route) retire(c *conn) {
 	}
 	c.retiring = true
 	r.retiring++
+	r.retireBy = time.Now().Add(retireWindow)
 	start := !r.ticking
 	r.ticking = true
 	r.mu.Unlock()
@@ -561,17 +563,37 @@ func (r *route) retire(c *conn) {
 // retireTick is how often idle pooled streams are closed while some retire.
 const retireTick = 20 * time.Millisecond
 
+// retireWindow bounds how long the device's requests ask for their
+// streams to close after them while streams retire: one busy for longer (a
+// long answer) is closed when it is found idle, looked for every second,
+// so that the device's requests do not open a stream each for as long as
+// it runs.
+const retireWindow = 10 * time.Second
+
+// retiringLocked reports whether streams the holder asked to retire are
+// still open and waited for: requests then ask for their stream to close
+// after them.
+func (r *route) retiringLocked() bool {
+	return r.retiring > 0 && time.Now().Before(r.retireBy)
+}
+
+// tick closes the idle pooled streams while some retire: every retireTick
+// within the window, every second after it.
 func (r *route) tick() {
 	r.mu.Lock()
 	g := r.gen
 	again := r.retiring > 0 && !r.closed
+	every := retireTick
+	if !r.retiringLocked() {
+		every = time.Second
+	}
 	r.ticking = again
 	r.mu.Unlock()
 	if g != nil {
 		g.closeIdle()
 	}
 	if again {
-		time.AfterFunc(retireTick, r.tick)
+		time.AfterFunc(every, r.tick)
 	}
 }
 
