@@ -62,6 +62,11 @@ type config struct {
 	// ProfileDir receives the relay's and agent's CPU profiles; empty runs
 	// the plain binary.
 	ProfileDir string
+	// Forwarded runs two relays on one NATS server and sends the load to
+	// the one that does not hold the device, so that every request is
+	// forwarded one hop; the relay CPU is both relays'. The floor and the
+	// peers are measured as without it.
+	Forwarded bool
 	// Keep keeps the temp dir.
 	Keep bool
 	// Args is the command line, for the report.

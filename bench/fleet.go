@@ -12,17 +12,23 @@ import (
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
 // errProtocolRefused is returned by startFleet when the agent exits with a
 // usage error, which is how it refuses a protocol it does not speak.
 var errProtocolRefused = errors.New("the agent refused the protocol")
 
-// fleet is one relay process and one agent process for a protocol.
+// fleet is one relay process and one agent process for a protocol; with
+// -forwarded, a second relay that holds the device, whose requests relay
+// forwards to it.
 type fleet struct {
 	relay, agent *proc
 	relayURL     string // public base URL
 	floor        bool   // two TCP forwarders, not a relay and an agent
+	holder       *proc  // -forwarded: the relay holding the device
+	holderURL    string
+	nats         *store.Store // -forwarded: the relays' NATS server
 }
 
 // fleetOpts says what startFleet needs to know.
@@ -39,6 +45,9 @@ type fleetOpts struct {
 // and waits until a request through the relay reaches the backend.
 func startFleet(ctx context.Context, o fleetOpts) (*fleet, error) {
 	f := &fleet{}
+	if o.cfg.Forwarded {
+		return f, f.startForwarded(ctx, o)
+	}
 	if err := f.startRelay(ctx, o); err != nil {
 		f.stop()
 		return nil, err
@@ -103,7 +112,7 @@ func (f *fleet) deviceURL() string {
 	return f.relayURL + "/client/" + device
 }
 
-// stop stops the agent, then the relay.
+// stop stops the agent, then the relays and their NATS server.
 func (f *fleet) stop() {
 	if f.agent != nil {
 		f.agent.stop()
@@ -111,6 +120,69 @@ func (f *fleet) stop() {
 	if f.relay != nil {
 		f.relay.stop()
 	}
+	if f.holder != nil {
+		f.holder.stop()
+	}
+	if f.nats != nil {
+		f.nats.Close()
+	}
+}
+
+// startForwarded starts, on one NATS server hosted here, the relay that
+// holds the device (region "held", where the agent connects) and the relay
+// the load goes to (region "entry"), which forwards every request to it:
+// the ranking places a device in the region of the relay its agent
+// reached, so the agent stays on the holder.
+func (f *fleet) startForwarded(ctx context.Context, o fleetOpts) error {
+	st, err := store.Open(ctx, store.Config{DataDir: filepath.Join(o.dir, "nats-"+o.protocol), Listen: "127.0.0.1:0"})
+	if err != nil {
+		return fmt.Errorf("start NATS: %w", err)
+	}
+	f.nats = st
+	start := func(role, region string) (*proc, string, error) {
+		listen, err := freePort()
+		if err != nil {
+			return nil, "", err
+		}
+		admin, err := freePort()
+		if err != nil {
+			return nil, "", err
+		}
+		url := "http://" + listen
+		args := append([]string{"serve",
+			"--listen", listen, "--admin-listen", admin, "--advertise", url,
+			"--nats", st.ClientURL(), "--region", region,
+			"--data", filepath.Join(o.dir, role+"-"+o.protocol),
+			"--admin-token-file", filepath.Join(o.dir, "admin-"+o.protocol+".token"),
+			"--allow-anonymous-users", "--allow-anonymous-agents",
+			"--drain-timeout", "2s", "--log-level", "warn",
+		}, o.cfg.RelayFlags...)
+		p, err := startProc(role, o.bin, args, childEnv(o, role), filepath.Join(o.dir, role+"-"+o.protocol+".log"))
+		if err != nil {
+			return nil, "", err
+		}
+		return p, url, waitReady(ctx, p, url+"/healthz", 20*time.Second)
+	}
+	if f.holder, f.holderURL, err = start("holder", "held"); err != nil {
+		f.stop()
+		return err
+	}
+	if f.relay, f.relayURL, err = start("relay", "entry"); err != nil {
+		f.stop()
+		return err
+	}
+	// The agent connects to the holder; users' requests go to the other.
+	entry := f.relayURL
+	f.relayURL = f.holderURL
+	err = f.startAgent(ctx, o)
+	f.relayURL = entry
+	if err == nil {
+		err = waitReady(ctx, f.agent, f.deviceURL()+"/small", 20*time.Second)
+	}
+	if err != nil {
+		f.stop()
+	}
+	return err
 }
 
 // protocolsSeen returns the protocols the agent's log says it connected

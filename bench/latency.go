@@ -112,11 +112,17 @@ func (t target) cpuTimes() (cpuTimes, error) {
 	var out cpuTimes
 	var err1, err2, err3 error
 	out.backend, err1 = t.backend.cpuTime()
+	var err4 error
 	if t.relay != nil {
 		out.relay, err2 = t.relay.cpuTime()
 		out.agent, err3 = t.agent.cpuTime()
 	}
-	return out, errors.Join(err1, err2, err3)
+	if t.holder != nil {
+		var held time.Duration
+		held, err4 = t.holder.cpuTime()
+		out.relay += held
+	}
+	return out, errors.Join(err1, err2, err3, err4)
 }
 
 // loadLoop runs conc GET loops on url until d has passed and returns the

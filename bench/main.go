@@ -114,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.Markdown, "md", "", "also write the results as markdown to `file`")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write this process's CPU profile (the clients) to `file`")
 	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "build the relay and agent with CPU profiling (bench/profiled) and write their profiles, and the backend's, into `dir`")
+	fs.BoolVar(&cfg.Forwarded, "forwarded", false, "run two relays and send the load to the one that does not hold the device: every request is forwarded one hop (relay CPU is both relays'); the floor and peers are unchanged")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temp dir (binary, relay data, process logs) and print its path")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -17,6 +17,9 @@ type target struct {
 	name  string // "direct" or the protocol
 	base  string // base URL; /small, /bytes, /upload and /ws are under it
 	relay *proc  // the relay process, nil when direct
+	// holder, with -forwarded, is the relay holding the device, to which
+	// relay forwards every request; its CPU counts as the relay's.
+	holder *proc
 	// relayURL is the relay's own base URL ("" when direct), for its
 	// /healthz: one HTTP exchange with the relay process and no agent.
 	relayURL string

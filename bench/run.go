@@ -138,7 +138,7 @@ func measureProtocol(ctx context.Context, cfg *config, o fleetOpts, logf func(st
 		return results{}, false, err
 	}
 	defer f.stop()
-	t := target{name: o.protocol, base: f.deviceURL(), relay: f.relay, agent: f.agent, relayURL: f.relayURL, backend: o.backend}
+	t := target{name: o.protocol, base: f.deviceURL(), relay: f.relay, holder: f.holder, agent: f.agent, relayURL: f.relayURL, backend: o.backend}
 	if o.protocol == floorProtocol {
 		t.relayURL = "" // a forwarder has no /healthz of its own
 	}

@@ -28,6 +28,9 @@ var layers = [][]string{
 	// The fleet's mapped ports: their state, and listeners that open
 	// connections through connect's Opener; the operator API manages them.
 	{"ports"},
+	// Users' requests forwarded to a device's holder as streams: connect's
+	// sessions between relays, spliced onto the tunnel's streams.
+	{"forward"},
 	// The parts a relay and an agent are made of.
 	{"relay", "router", "agent", "control"},
 	// One relay, wired.

@@ -34,15 +34,25 @@ type ClientConfig struct {
 	// after DeadAfter. Defaults 15 s and 45 s: a user's connections are
 	// few and long.
 	PingAfter, DeadAfter time.Duration
+	// Path and Protocol name the endpoint and the upgrade: another
+	// protocol over the same kind of session (package forward's) sets
+	// them. Defaults Path and Protocol.
+	Path, Protocol string
+	// Accept, when set, is handed each stream the relay opens, on a
+	// goroutine of the client that Close waits for; it must return soon.
+	// Nil refuses them.
+	Accept func(*mux.Stream)
 }
 
 // Client keeps one connection to the fleet and opens a stream on it per
 // Dial, dialling the fleet again when the connection is lost.
 type Client struct {
-	cfg ClientConfig
+	cfg      ClientConfig
+	acceptor sync.WaitGroup // the goroutines that hand Accept the relay's streams
 
-	mu   sync.Mutex // guards sess
-	sess *mux.Session
+	mu      sync.Mutex // guards the fields below
+	sess    *mux.Session
+	retired map[*mux.Session]struct{} // sessions that take no new stream, until their streams end
 }
 
 // NewClient returns a client; it connects at the first Dial.
@@ -53,6 +63,12 @@ func NewClient(cfg ClientConfig) *Client {
 	if cfg.DeadAfter <= 0 {
 		cfg.DeadAfter = 45 * time.Second
 	}
+	if cfg.Path == "" {
+		cfg.Path = Path
+	}
+	if cfg.Protocol == "" {
+		cfg.Protocol = Protocol
+	}
 	return &Client{cfg: cfg}
 }
 
@@ -60,25 +76,78 @@ func NewClient(cfg ClientConfig) *Client {
 // or service, not allowed, the service refused) shows as the first read's
 // error, one of this package's errors: the open costs no round trip.
 func (c *Client) Dial(ctx context.Context, target Target) (net.Conn, error) {
-	sess, err := c.session(ctx)
-	if err != nil {
-		return nil, err
-	}
-	st, err := sess.Open(ctx, []byte(target.meta()))
+	st, err := c.Open(ctx, []byte(target.meta()))
 	if err != nil {
 		return nil, err
 	}
 	return &stream{Stream: st}, nil
 }
 
+// Open opens a stream whose metadata is meta on the connection, dialling
+// the relay first when there is none. An error from the dial or the
+// handshake (a *HandshakeError: the relay refused the upgrade) means no
+// stream was opened.
+func (c *Client) Open(ctx context.Context, meta []byte) (*mux.Stream, error) {
+	for range 2 {
+		sess, err := c.session(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st, err := sess.Open(ctx, meta)
+		if errors.Is(err, mux.ErrStreamsExhausted) || errors.Is(err, mux.ErrGoAway) {
+			c.retire(sess) // a new session for this stream and the next
+			continue
+		}
+		return st, err
+	}
+	return nil, &mux.OpenError{Err: mux.ErrGoAway}
+}
+
+// retire stops opening streams on sess, which takes no more, and closes it
+// once its streams have ended.
+func (c *Client) retire(sess *mux.Session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess != sess {
+		return
+	}
+	c.sess = nil
+	if c.retired == nil {
+		c.retired = map[*mux.Session]struct{}{}
+	}
+	c.retired[sess] = struct{}{}
+	c.acceptor.Go(func() {
+		defer func() {
+			c.mu.Lock()
+			delete(c.retired, sess)
+			c.mu.Unlock()
+		}()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for sess.NumStreams() > 0 {
+			select {
+			case <-sess.Done():
+				return
+			case <-tick.C:
+			}
+		}
+		sess.Close()
+	})
+}
+
 // Close ends the connection to the fleet, and every stream on it.
 func (c *Client) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	var err error
 	if c.sess != nil {
-		return c.sess.Close()
+		err = c.sess.Close()
 	}
-	return nil
+	for sess := range c.retired {
+		sess.Close()
+	}
+	c.mu.Unlock()
+	c.acceptor.Wait()
+	return err
 }
 
 func (c *Client) session(ctx context.Context) (*mux.Session, error) {
@@ -91,14 +160,26 @@ func (c *Client) session(ctx context.Context) (*mux.Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.sess = mux.New(conn, mux.Config{Client: true, RefuseStreams: true, PingAfter: c.cfg.PingAfter, DeadAfter: c.cfg.DeadAfter})
-	return c.sess, nil
+	sess := mux.New(conn, mux.Config{Client: true, RefuseStreams: c.cfg.Accept == nil, PingAfter: c.cfg.PingAfter, DeadAfter: c.cfg.DeadAfter})
+	if c.cfg.Accept != nil {
+		c.acceptor.Go(func() {
+			for {
+				st, err := sess.Accept()
+				if err != nil {
+					return
+				}
+				c.cfg.Accept(st)
+			}
+		})
+	}
+	c.sess = sess
+	return sess, nil
 }
 
 // handshake dials the relay and upgrades the connection.
 func (c *Client) handshake(ctx context.Context) (net.Conn, error) {
 	u := *c.cfg.Relay
-	u.Path = strings.TrimSuffix(u.Path, "/") + Path
+	u.Path = strings.TrimSuffix(u.Path, "/") + c.cfg.Path
 	if c.cfg.Code != "" {
 		u.RawQuery = url.Values{"code": {c.cfg.Code}}.Encode()
 	}
@@ -135,7 +216,7 @@ func (c *Client) handshake(ctx context.Context) (net.Conn, error) {
 	defer stop()
 	req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
 	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", Protocol)
+	req.Header.Set("Upgrade", c.cfg.Protocol)
 	if c.cfg.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
 	}

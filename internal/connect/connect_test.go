@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
@@ -299,4 +300,56 @@ func TestStreamNames(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSessionThatTakesNoMoreStreams: when the relay's end takes no new
+// stream (a GOAWAY; or the ids ran out), the client opens the next stream
+// on a new session, and closes the old one once its streams have ended.
+func TestSessionThatTakesNoMoreStreams(t *testing.T) {
+	var sessions atomic.Int32
+	var wg sync.WaitGroup
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, ok := Hijack(w, Protocol)
+		if !ok {
+			return
+		}
+		sess := mux.New(conn, mux.Config{})
+		defer sess.Close()
+		n := sessions.Add(1)
+		for {
+			st, err := sess.Accept()
+			if err != nil {
+				return
+			}
+			if n == 1 {
+				sess.GoAway(0) // the first session takes its first stream only
+			}
+			wg.Go(func() { io.Copy(st, st); st.CloseWrite() })
+		}
+	}))
+	defer srv.Close()
+	defer wg.Wait()
+	u, _ := url.Parse(srv.URL)
+	c := NewClient(ClientConfig{Relay: u})
+	defer c.Close()
+	first, err := c.Open(t.Context(), []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Write([]byte("x"))
+	io.ReadFull(first, make([]byte, 1)) // the GOAWAY has come by now
+	testkit.Eventually(t, 5*time.Second, func() error {
+		st, err := c.Open(t.Context(), []byte("b"))
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		if sessions.Load() != 2 {
+			return fmt.Errorf("%d sessions", sessions.Load())
+		}
+		return nil
+	})
+	first.CloseWrite()
+	io.ReadAll(first)
+	first.Close()
 }

@@ -67,20 +67,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), code)
 		return
 	}
-	// Hijack first, then answer 101 on the connection itself: the client
-	// speaks as soon as it reads the 101, and bytes that arrived before a
-	// hijack would sit in net/http's buffer, the session's first frames.
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		http.Error(w, "this connection cannot be upgraded (HTTP/2?): "+Protocol+" needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
-		return
-	}
-	if brw.Reader.Buffered() > 0 {
-		conn.Close() // the client must wait for the 101
-		return
-	}
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+Protocol+"\r\n\r\n"); err != nil {
-		conn.Close()
+	conn, ok := Hijack(w, Protocol)
+	if !ok {
 		return
 	}
 	sess := mux.New(conn, mux.Config{PingAfter: cmp.Or(h.PingAfter, 30*time.Second), DeadAfter: cmp.Or(h.DeadAfter, 60*time.Second)})
@@ -89,6 +77,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop := context.AfterFunc(r.Context(), func() { sess.Close() })
 	defer stop()
 	h.serve(r.Context(), sess, allow)
+}
+
+// Hijack takes the connection of an upgrade request to protocol from w
+// and answers 101 on it. It reports false when it could not, having
+// answered or closed the connection.
+func Hijack(w http.ResponseWriter, protocol string) (net.Conn, bool) {
+	// Hijack first, then answer 101 on the connection itself: the client
+	// speaks as soon as it reads the 101, and bytes that arrived before a
+	// hijack would sit in net/http's buffer, the session's first frames.
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		http.Error(w, "this connection cannot be upgraded (HTTP/2?): "+protocol+" needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
+		return nil, false
+	}
+	if brw.Reader.Buffered() > 0 {
+		conn.Close() // the client must wait for the 101
+		return nil, false
+	}
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+protocol+"\r\n\r\n"); err != nil {
+		conn.Close()
+		return nil, false
+	}
+	return conn, true
 }
 
 // serve joins each stream of sess to its service.

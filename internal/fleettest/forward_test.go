@@ -126,6 +126,13 @@ func TestForwardThroughNonHolder(t *testing.T) {
 		if code, _ := Status(NewClient(t, false), relays[0].URL+"/client/dev/echo/x"); code != http.StatusUnauthorized {
 			t.Errorf("no token via a non-holder: %d, want 401", code)
 		}
+
+		// To a version 2 agent everything went as streams; to the others
+		// over HTTP.
+		streams, overHTTP := relays[0].Node.StreamForwards()
+		if v2 := proto == agent.ProtocolNative; v2 && (streams == 0 || overHTTP != 0) || !v2 && overHTTP == 0 {
+			t.Errorf("%d streams, %d requests over HTTP", streams, overHTTP)
+		}
 	})
 }
 

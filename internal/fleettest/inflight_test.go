@@ -143,6 +143,9 @@ func TestInFlightThroughDeadHolder(t *testing.T) {
 	if !entry.Node.Vetoed(holder.Node.Fleet().ID()) {
 		t.Error("the relay that lost its forwards did not veto the dead holder")
 	}
+	if streams, _ := entry.Node.StreamForwards(); streams < 3 {
+		t.Errorf("%d stream forwards, want the three requests' (the device's agent speaks version 2)", streams)
+	}
 }
 
 // TestInFlightOnDyingTunnel gives a device two agents on one relay, one of

@@ -175,6 +175,10 @@ type Config struct {
 	// TunnelV1Only makes the relay take only version 1 tunnels, as a relay
 	// from before version 2 did: for tests of mixed fleets. Default off.
 	TunnelV1Only bool
+	// NoStreamForward makes the relay neither take nor send forwards as
+	// streams (package forward), as a relay from before them: every
+	// forward goes over HTTP. For tests of mixed fleets. Default off.
+	NoStreamForward bool
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration

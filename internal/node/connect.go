@@ -12,6 +12,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/connect"
+	"github.com/switchboard-relay/switchboard/internal/forward"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/service"
@@ -61,11 +62,16 @@ func (g *connectGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.users.ServeHTTP(w, r)
 }
 
-// routeConnect sends switchboard connect's upgrades to the gateway.
+// routeConnect sends switchboard connect's upgrades to the gateway, and
+// other relays' stream forwards to the forward server.
 func (n *Node) routeConnect(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == connect.Path {
+		switch {
+		case r.URL.Path == connect.Path:
 			n.connect.ServeHTTP(w, r)
+			return
+		case r.URL.Path == forward.Path && !n.cfg.NoStreamForward:
+			n.forwards.ServeHTTP(w, r)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -28,6 +28,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/fleetsecret"
+	"github.com/switchboard-relay/switchboard/internal/forward"
 	"github.com/switchboard-relay/switchboard/internal/limit"
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/peer"
@@ -64,7 +65,9 @@ type Node struct {
 	adminFails    *limit.Limiter // the same on the admin listener: the operator's budget is apart
 	watchdog      *watchdog.Watchdog
 	router        *router.Fleet
-	connect       *connectGateway  // switchboard connect's sessions
+	connect       *connectGateway // switchboard connect's sessions
+	forwards      *forward.Server // other relays' stream forwards to agents here
+	forwarder     *forward.Forwarder
 	ports         *ports.Store     // the fleet's port mappings
 	portListeners *ports.Listeners // this relay's mapped ports
 	portsMu       sync.Mutex       // guards portsFailed
@@ -279,6 +282,7 @@ func (n *Node) buildServers() {
 		Logger:        n.log,
 	})
 	n.connect = newConnectGateway(n)
+	n.forwards = &forward.Server{Open: n.tunnels, Verify: n.signer.VerifySignature, Logger: n.log.With(logkey.Component, "forward")}
 	n.public = n.newServer(n.sessions.Wrap(n.routeConnect(n.routeTopics(n.publicHandler))), n.publicTLS)
 	n.public.Protocols = new(http.Protocols)
 	n.public.Protocols.SetHTTP1(true)
@@ -447,6 +451,12 @@ func (n *Node) closeResources() {
 	if n.connect != nil {
 		n.connect.Close()
 	}
+	if n.forwards != nil {
+		n.forwards.Close()
+	}
+	if n.forwarder != nil {
+		n.forwarder.Close()
+	}
 	if n.tunnels != nil {
 		n.tunnels.Close()
 	}
@@ -502,3 +512,13 @@ func (n *Node) TunnelSessions() int { return n.tunnels.Sessions() }
 // TunnelVersions returns the tunnel versions of device's native agents on
 // this relay.
 func (n *Node) TunnelVersions(device string) []int { return n.tunnels.Versions(device) }
+
+// StreamForwards returns how many streams this relay opened to other
+// relays to forward users' requests (package forward), and how many
+// forwarded requests went over HTTP because the holder offered none.
+func (n *Node) StreamForwards() (streams, overHTTP int64) {
+	if n.forwarder == nil {
+		return 0, 0
+	}
+	return n.forwarder.Streams(), n.forwarder.Unavailable()
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/forward"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
@@ -93,6 +94,11 @@ func (n *Node) openRouting(ctx context.Context) error {
 	fr.Vetoer = n.watchdog
 	fr.Observer = router.NewForwardMetrics(n.registry)
 	fr.Logger = n.log
+	if !n.cfg.NoStreamForward {
+		n.forwarder = forward.NewForwarder(forward.Config{Sign: n.signer.Signature, TLS: n.peerTLS})
+		n.forwarder.RegisterMetrics(n.registry)
+		fr.Streams = n.forwarder
+	}
 	n.router = fr
 	n.placer = &router.Placer{
 		Self:               n.member.ID(),
@@ -123,6 +129,7 @@ var (
 	_ router.Changes         = (*changeHub)(nil)
 	_ router.Spender         = codeSpender{}
 	_ router.ForwardObserver = (*router.ForwardMetrics)(nil)
+	_ router.StreamForwarder = (*forward.Forwarder)(nil)
 )
 
 // fleetView is this relay's view of where devices are served, in its

@@ -76,18 +76,28 @@ func macV2(key []byte, relayID string, ts int64, fp, device string) []byte {
 }
 
 // Sign sets the signature header on h for a forward of a request to device.
-func (s *Signer) Sign(h http.Header, device string) {
+func (s *Signer) Sign(h http.Header, device string) { h.Set(Header, s.Signature(device)) }
+
+// Signature returns a signature for a forward to device, the value Sign
+// puts in the header: a stream forwarded to the device's holder carries it
+// in its opening (package forward).
+func (s *Signer) Signature(device string) string {
 	ts := s.now().Unix()
 	fp := s.ring.Fingerprint()
 	mac := macV2(s.ring.SigningKey(secret.PurposePeer), s.relayID, ts, fp, device)
-	h.Set(Header, fmt.Sprintf("v2 %s %d %s %s", s.relayID, ts, fp, hex.EncodeToString(mac)))
+	return fmt.Sprintf("v2 %s %d %s %s", s.relayID, ts, fp, hex.EncodeToString(mac))
 }
 
 // Verify checks the signature on h for device and returns the id of the
 // relay that forwarded it. ErrNoSignature means there is none; any other
 // failure wraps ErrBadSignature.
 func (s *Signer) Verify(h http.Header, device string) (string, error) {
-	v := h.Get(Header)
+	return s.VerifySignature(h.Get(Header), device)
+}
+
+// VerifySignature checks a signature v, as Signature made it, for device,
+// and returns the id of the relay that made it, as Verify does.
+func (s *Signer) VerifySignature(v, device string) (string, error) {
 	if v == "" {
 		return "", ErrNoSignature
 	}

@@ -79,6 +79,27 @@ func TestSignVerify(t *testing.T) {
 	}
 }
 
+// TestSignature: the bare signature, as a stream forward's opening carries
+// it, verifies as the header does, for its device only.
+func TestSignature(t *testing.T) {
+	sec := secret.New()
+	a := signer(t, ring(t, sec), "rl-aaaaaaaa")
+	b := signer(t, ring(t, sec), "rl-bbbbbbbb")
+	v := a.Signature("robot-1")
+	if from, err := b.VerifySignature(v, "robot-1"); err != nil || from != "rl-aaaaaaaa" {
+		t.Fatalf("VerifySignature = %q, %v", from, err)
+	}
+	if from, err := b.Verify(http.Header{Header: {v}}, "robot-1"); err != nil || from != "rl-aaaaaaaa" {
+		t.Errorf("the same value as a header: %q, %v", from, err)
+	}
+	if _, err := b.VerifySignature(v, "/forward"); !errors.Is(err, ErrBadSignature) {
+		t.Errorf("another scope: %v", err)
+	}
+	if _, err := b.VerifySignature("", "robot-1"); !errors.Is(err, ErrNoSignature) {
+		t.Errorf("none: %v", err)
+	}
+}
+
 // TestRotation walks the fleet secret through a rotation with two relays
 // changing their rings one after the other, as their watches deliver the
 // record: at every step each verifies what the other signs.

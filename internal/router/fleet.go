@@ -19,6 +19,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
+	"github.com/switchboard-relay/switchboard/internal/forward"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/replay"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
@@ -61,7 +62,12 @@ type Fleet struct {
 	Spend Spender
 	// Observer, if set, is told of each forward's outcome.
 	Observer ForwardObserver
-	Logger   *slog.Logger
+	// Streams, if set, carries forwards to holders that have a version 2
+	// agent of the device as streams spliced onto the agent's tunnel; the
+	// rest, and requests with an access code's ticket (which the holder
+	// spends as it hands the request over), go over HTTP.
+	Streams StreamForwarder
+	Logger  *slog.Logger
 
 	peers http.RoundTripper // in tests, instead of the three below
 	h2    *http.Transport   // http:// peers, HTTP/2 with prior knowledge: streams, trailers
@@ -323,6 +329,18 @@ func (f *Fleet) await(ctx context.Context, device, exclude string, hops int) (fl
 // A ticket, when given, goes along for the relay that hands the request to
 // the device to spend.
 func (f *Fleet) forward(req *http.Request, device string, t fleet.Target, hops int, ticket *access.Ticket) (*http.Response, error) {
+	if f.Streams != nil && ticket == nil {
+		resp, err := f.Streams.RoundTrip(req, t.ID, t.Address)
+		var se *tunnel.ServiceError
+		switch {
+		case err == nil:
+			return resp, nil
+		case errors.As(err, &se), errors.Is(err, tunnel.ErrBusy):
+			return nil, err // the holder answered: the agent could not reach its service, or the device is busy
+		case !errors.Is(err, forward.ErrUnavailable):
+			return nil, &forwardError{relay: t.ID, err: err}
+		}
+	}
 	base, err := url.Parse(t.Address)
 	if err != nil {
 		return nil, fmt.Errorf("relay %s advertises %q: %w", t.ID, t.Address, err)

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"net/http"
+
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 )
@@ -77,4 +79,13 @@ type Spender interface {
 // ForwardObserver is told of each forward's outcome (for metrics).
 type ForwardObserver interface {
 	Forwarded(relayID string, err error)
+}
+
+// StreamForwarder sends a request to the device's agent at the relay
+// holding it over a stream the holder splices, parsing no HTTP (package
+// forward). An error wrapping forward.ErrUnavailable means the holder
+// serves no such stream now and nothing was sent: the request goes over
+// HTTP instead.
+type StreamForwarder interface {
+	RoundTrip(req *http.Request, holderID, address string) (*http.Response, error)
 }

@@ -63,6 +63,10 @@ type Session struct {
 	pool     *Pool
 	done     chan struct{} // closed when the connection has died
 	gone     bool          // taken out of the pool; guarded by pool.mu
+	// leaving ends when the session is asked to go (drain) or leaves the
+	// pool: streams spliced onto it from another relay are then retired.
+	leaving context.Context
+	leave   context.CancelFunc
 }
 
 // Done is closed when the session's connection has died or been closed.
@@ -195,7 +199,9 @@ func (p *Pool) join(s *Session) (*Session, error) {
 		testHookStarted()
 	}
 	p.mu.Lock()
+	s.leaving, s.leave = context.WithCancel(context.Background())
 	if s.gone {
+		s.leave()
 		// The connection died while HTTP/2 started on it (an agent that
 		// sent garbage at once): it never joins the pool.
 		p.mu.Unlock()
@@ -230,6 +236,9 @@ func (p *Pool) remove(s *Session) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s.gone = true
+	if s.leave != nil {
+		s.leave()
+	}
 	list := p.devices[s.Device]
 	for i, x := range list {
 		if x == s {
@@ -422,6 +431,7 @@ func (s *Session) drain() {
 	if s.draining.Swap(true) {
 		return
 	}
+	s.leave()
 	go s.c.shutdown(context.Background()) // ends when the streams do, or the connection dies
 }
 
@@ -488,6 +498,7 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, s := range all {
 		s.draining.Store(true)
+		s.leave()
 		wg.Go(func() { errs[i] = s.c.shutdown(ctx) })
 	}
 	wg.Wait()
