@@ -40,17 +40,22 @@ type connectGateway struct {
 func newConnectGateway(n *Node) *connectGateway {
 	g := &connectGateway{n: n, clients: map[string]*connect.Client{}}
 	log := n.log.With(logkey.Component, "connect")
-	g.users = &connect.Handler{Open: openerFunc(g.openAnywhere), Authorize: n.authorizeConnect, Logger: log}
+	g.users = &connect.Handler{Open: openerFunc(g.openAnywhere), Authorize: n.authorizeConnect, Conns: n.conns, Logger: log}
 	g.peer = &connect.Handler{Open: openerFunc(g.openHere), Authorize: n.authorizeConnectPeer, Logger: log}
 	return g
 }
+
+// The peer handler's streams are accounted for by the relay the user
+// reached: one connection is counted, logged and recorded once.
 
 // ServeHTTP serves one connect session until it ends, the credential that
 // opened it is revoked, or the relay stops.
 func (g *connectGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	stop := context.AfterFunc(g.n.stopCtx, cancel)
+	// A drain lets sessions run on to its deadline (their streams are TCP
+	// connections the drain waits for), and cuts them there.
+	stop := context.AfterFunc(g.n.cutTCP, cancel)
 	defer stop()
 	r = r.WithContext(ctx)
 	if r.Header.Get(peer.Header) != "" {

@@ -33,6 +33,10 @@ type flow struct {
 	last time.Time   // the last datagram either way, under the port's fmu
 }
 
+// stopAccepting keeps a UDP port open: flows have no accept to stop, and
+// end with the port.
+func (p *udpPort) stopAccepting() {}
+
 func (p *udpPort) stop() {
 	p.cancel()
 	p.pc.Close()
@@ -70,7 +74,7 @@ func (p *udpPort) flowOf(src netip.AddrPort) *flow {
 		f.last = time.Now()
 		return f
 	}
-	if !p.admit(src.Addr()) {
+	if !p.admit(src) {
 		return nil
 	}
 	f := &flow{src: src, in: make(chan []byte, p.queue), last: time.Now()}
