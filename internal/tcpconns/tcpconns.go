@@ -102,7 +102,7 @@ type Tracker struct {
 	mu      sync.Mutex // guards the fields below
 	open    map[*Conn]struct{}
 	idle    chan struct{}   // closed when open empties; nil while none wait
-	names   map[string]bool // connect's service names admitted as labels
+	names   map[string]bool // connect's service names admitted as labels: true once a connection to it was carried
 	window  time.Time       // the second events are counted in
 	inWin   int             // events recorded in window
 	skipped int             // events not recorded since the last one that was
@@ -142,14 +142,46 @@ func (t *Tracker) label(kind Kind, name string) string {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.names[name] {
+	if _, ok := t.names[name]; ok {
 		return name
 	}
 	if len(t.names) >= MaxServiceNames {
 		return OtherName
 	}
-	t.names[name] = true
+	t.names[name] = false
 	return name
+}
+
+// confirm notes that a connection to name was carried: a later refusal
+// does not take its label back.
+func (t *Tracker) confirm(kind Kind, name string) {
+	if kind != Connect || name == OtherName {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.names[name]; ok {
+		t.names[name] = true
+	}
+}
+
+// unlabel takes back the label of a name no connection was carried to,
+// when its device says it has no such service: the user typed it.
+func (t *Tracker) unlabel(c *Conn, reason string) {
+	if c.kind != Connect || reason != ReasonUnknownService || c.name == OtherName {
+		return
+	}
+	t.mu.Lock()
+	carried, ok := t.names[c.name]
+	if ok && !carried {
+		delete(t.names, c.name)
+	}
+	t.mu.Unlock()
+	if ok && !carried {
+		t.m.opened.DeleteLabelValues(string(c.kind), c.name)
+		t.m.openNow.DeleteLabelValues(string(c.kind), c.name)
+		c.name = OtherName
+	}
 }
 
 // Open accounts for a connection from source to target (DEVICE/SERVICE)
@@ -179,6 +211,7 @@ func (c *Conn) Close(toDevice, fromDevice int64) {
 	t.mu.Lock()
 	cut := c.wasCut
 	t.mu.Unlock()
+	t.confirm(c.kind, c.name)
 	d := t.cfg.Now().Sub(c.start)
 	k := string(c.kind)
 	t.m.openNow.WithLabelValues(k, c.name).Dec()
@@ -205,6 +238,7 @@ func (c *Conn) Refused(reason string, err error) {
 		return
 	}
 	t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
+	t.unlabel(c, reason)
 	t.m.refused.WithLabelValues(string(c.kind), c.name, reason).Inc()
 	t.log.Info("tcp connection refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
 }

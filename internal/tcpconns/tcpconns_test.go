@@ -85,3 +85,22 @@ func count(t *testing.T, reg *prometheus.Registry, name string) int {
 	}
 	return 0
 }
+
+// A service name the device turns out not to have (the refusal comes once
+// the connection is used) gives its label back.
+func TestTypedNameUnlabelled(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tr := New(Config{Registry: reg})
+	tr.Open(Connect, "typed-by-a-user", "d/typed-by-a-user", "s", nil).Refused(ReasonUnknownService, nil)
+	tr.Open(Connect, "ssh", "d/ssh", "s", nil).Close(1, 1)
+	tr.Open(Connect, "ssh", "d/ssh", "s", nil).Refused(ReasonUnknownService, nil) // another device
+	if n := count(t, reg, "switchboard_tcp_connections_total"); n != 1 {
+		t.Errorf("%d label sets of connections, want ssh alone", n)
+	}
+	if n := count(t, reg, "switchboard_tcp_refusals_total"); n != 2 {
+		t.Errorf("%d label sets of refusals, want _other and ssh", n)
+	}
+	if len(tr.names) != 1 {
+		t.Errorf("names kept: %v", tr.names)
+	}
+}
