@@ -299,6 +299,7 @@ func (n *Node) buildServers() {
 		Topics:       n.Topics,
 		Ports:        n.ports,
 		OwnPorts:     n.ownPorts,
+		PortConns:    n.portConns,
 		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)

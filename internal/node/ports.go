@@ -121,3 +121,14 @@ func (n *Node) recordTCP(e tcpconns.Event) {
 		n.member.Record(fleet.Event{Type: e.Type, RelayID: n.relayID, Device: e.Device, Message: e.Message, DurationMS: e.DurationMS})
 	}
 }
+
+// portConns counts the TCP connections open through each mapped port here.
+func (n *Node) portConns() map[int]int {
+	out := map[int]int{}
+	for name, c := range n.conns.OpenBy(tcpconns.Port) {
+		if port, err := strconv.Atoi(name); err == nil {
+			out[port] = c
+		}
+	}
+	return out
+}

@@ -279,6 +279,19 @@ func (t *Tracker) Count() int {
 	return len(t.open)
 }
 
+// OpenBy counts the open connections of kind by name (service or port).
+func (t *Tracker) OpenBy(kind Kind) map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string]int{}
+	for c := range t.open {
+		if c.kind == kind {
+			out[c.name]++
+		}
+	}
+	return out
+}
+
 // Wait returns when no connection is open, or with ctx's error when ctx
 // ends first.
 func (t *Tracker) Wait(ctx context.Context) error {
