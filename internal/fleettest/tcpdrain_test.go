@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/control"
+	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 )
 
@@ -22,7 +23,8 @@ import (
 // mapped port and a stream of switchboard connect. It returns the holder,
 // the other relay and the two connections, each already echoing.
 func tcpDrainFleet(t *testing.T) (holder, other *Relay, addr string, conns map[string]*lineConn) {
-	relays, hosts := portFleet(t)
+	// A drain sends the agents on at once, not spread over seconds.
+	relays, hosts := portFleet(t, func(c *node.Config) { c.DrainSpread = time.Millisecond })
 	holder, others := HolderFor(t, relays, "robot")
 	other = others[0]
 	host := hosts[0]
@@ -30,7 +32,7 @@ func tcpDrainFleet(t *testing.T) (holder, other *Relay, addr string, conns map[s
 		host = hosts[1]
 	}
 	agentTok := FleetToken(t, relays, auth.KindAgent, "robot-agent", "robot")
-	StartAgent(t, holder, "robot", "http://127.0.0.1:1", agentTok, withServices(t, "echo=tcp://"+echoService(t)))
+	StartAgent(t, holder, "robot", "http://127.0.0.1:1", agentTok, withServices(t, "echo=tcp://"+echoService(t)), knowsAll(t, relays))
 	holder.WaitDevice(t, "robot")
 	port := strconv.Itoa(freePort(t))
 	mustCtl(t, holder, "ports", "add", port, "robot/echo")
@@ -80,9 +82,11 @@ func (c *lineConn) echo(line string) error {
 
 // TestDrainWaitsForTCPConnections: a relay that drains keeps carrying the
 // TCP connections open through it (a mapped port's, a connect stream),
-// and stops as soon as its connections end, well before its deadline.
+// while the device's agent moves to the other relay at once, so that a new
+// connection to the draining relay's mapped port reaches the device there;
+// and the relay stops as soon as its connections end, well before its deadline.
 func TestDrainWaitsForTCPConnections(t *testing.T) {
-	holder, _, _, conns := tcpDrainFleet(t)
+	holder, other, addr, conns := tcpDrainFleet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -93,6 +97,22 @@ func TestDrainWaitsForTCPConnections(t *testing.T) {
 			return errors.New("the relay does not drain yet")
 		}
 		return nil
+	})
+	// The device's agent moves though its old tunnel still carries the
+	// connections.
+	Eventually(t, 10*time.Second, func() error {
+		e, err := other.Node.Fleet().Device("robot")
+		if err != nil || e.RelayID != other.Node.Fleet().ID() || e.Agents == 0 {
+			return fmt.Errorf("the device has not moved yet: %+v, %v", e, err)
+		}
+		return nil
+	})
+	Eventually(t, 10*time.Second, func() error {
+		got, err := echoPort(addr, "new during the drain")
+		if err == nil && got != "new during the drain" {
+			err = fmt.Errorf("echoed %q", got)
+		}
+		return err
 	})
 	for name, c := range conns {
 		if err := c.echo("during the drain"); err != nil {
