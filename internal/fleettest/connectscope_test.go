@@ -86,6 +86,11 @@ func TestConnectScopedCredentials(t *testing.T) {
 			t.Errorf("the code used again: %v, want 401", err)
 		}
 	}
+	page := issueCode(t, holder, user, "robot", "/ui/")
+	_, _, err := echoOnce(ctx, codeClient(t, holder, page.Code), "robot/echo", "x")
+	if he, ok := errors.AsType[*connect.HandshakeError](err); !ok || he.Status != http.StatusForbidden {
+		t.Errorf("a code for /ui/ on connect: %v, want 403", err)
+	}
 	all := issueCode(t, holder, user, "robot", "/")
 	c = codeClient(t, holder, all.Code)
 	for _, target := range []string{"robot/echo", "robot/db"} {

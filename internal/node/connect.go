@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -259,6 +260,9 @@ func (n *Node) authorizeConnectCode(r *http.Request, code string) (connect.Allow
 	}
 	if _, ok := n.tokens.Principal(g.TokenID); !ok {
 		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "the token this access code was issued to was revoked"}
+	}
+	if g.Scope != "/" && !strings.HasPrefix(g.Scope, ServiceScope("")) {
+		return nil, &connect.StatusError{Code: http.StatusForbidden, Msg: fmt.Sprintf("this access code opens device %q under %q, which holds no service: ask for a code for %s", g.Device, g.Scope, ServiceScope("NAME"))}
 	}
 	if err := n.spendConnectCode(r.Context(), g); err != nil {
 		return nil, statusOf(err)
