@@ -101,11 +101,11 @@ type Tracker struct {
 
 	mu      sync.Mutex // guards the fields below
 	open    map[*Conn]struct{}
-	idle    chan struct{}   // closed when open empties; nil while none wait
-	names   map[string]bool // connect's service names admitted as labels: true once a connection to it was carried
-	window  time.Time       // the second events are counted in
-	inWin   int             // events recorded in window
-	skipped int             // events not recorded since the last one that was
+	idle    chan struct{}       // closed when open empties; nil while none wait
+	names   map[string]*nameUse // connect's service names admitted as labels
+	window  time.Time           // the second events are counted in
+	inWin   int                 // events recorded in window
+	skipped int                 // events not recorded since the last one that was
 }
 
 // New returns a tracker counting into cfg.Registry.
@@ -115,7 +115,7 @@ func New(cfg Config) *Tracker {
 		cfg.Now = time.Now
 	}
 	t := &Tracker{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), m: newMetrics(),
-		open: map[*Conn]struct{}{}, names: map[string]bool{}}
+		open: map[*Conn]struct{}{}, names: map[string]*nameUse{}}
 	if cfg.Registry != nil {
 		t.m.register(cfg.Registry)
 	}
@@ -133,55 +133,64 @@ type Conn struct {
 	wasCut         bool // guarded by t.mu
 }
 
-// Label returns the name label of a connection of kind to name: a port's
-// number as it is, a connect service's name while the relay has labelled
-// fewer than MaxServiceNames, else OtherName.
+// nameUse is how a connect service name admitted as a label is used.
+type nameUse struct {
+	carried bool // a connection to it was carried: the label stays
+	open    int  // connections open under it
+}
+
+// label returns the name label of a new connection of kind to name: a
+// port's number as it is, a connect service's name while the relay has
+// labelled fewer than MaxServiceNames, else OtherName.
 func (t *Tracker) label(kind Kind, name string) string {
 	if kind != Connect {
 		return name
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.names[name]; ok {
+	if u, ok := t.names[name]; ok {
+		u.open++
 		return name
 	}
 	if len(t.names) >= MaxServiceNames {
 		return OtherName
 	}
-	t.names[name] = false
+	t.names[name] = &nameUse{open: 1}
 	return name
 }
 
-// confirm notes that a connection to name was carried: a later refusal
-// does not take its label back.
-func (t *Tracker) confirm(kind Kind, name string) {
-	if kind != Connect || name == OtherName {
-		return
+// release notes that a connection under c's label ended, carried or not.
+// A name no connection was carried to, whose device said it has no such
+// service (the user typed it), gives its label back once no connection
+// is open under it: the refusal counts under OtherName. It returns the
+// label the end is counted under.
+func (t *Tracker) release(c *Conn, carried bool, reason string) string {
+	if c.kind != Connect || c.name == OtherName {
+		return c.name
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, ok := t.names[name]; ok {
-		t.names[name] = true
+	u, ok := t.names[c.name]
+	if !ok {
+		t.mu.Unlock()
+		return c.name
 	}
-}
-
-// unlabel takes back the label of a name no connection was carried to,
-// when its device says it has no such service: the user typed it.
-func (t *Tracker) unlabel(c *Conn, reason string) {
-	if c.kind != Connect || reason != ReasonUnknownService || c.name == OtherName {
-		return
-	}
-	t.mu.Lock()
-	carried, ok := t.names[c.name]
-	if ok && !carried {
+	u.open--
+	u.carried = u.carried || carried
+	typed := !u.carried && reason == ReasonUnknownService
+	drop := typed && u.open == 0
+	if drop {
 		delete(t.names, c.name)
 	}
 	t.mu.Unlock()
-	if ok && !carried {
+	t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
+	if drop {
 		t.m.opened.DeleteLabelValues(string(c.kind), c.name)
 		t.m.openNow.DeleteLabelValues(string(c.kind), c.name)
-		c.name = OtherName
 	}
+	if typed {
+		return OtherName
+	}
+	return c.name
 }
 
 // Open accounts for a connection from source to target (DEVICE/SERVICE)
@@ -211,10 +220,13 @@ func (c *Conn) Close(toDevice, fromDevice int64) {
 	t.mu.Lock()
 	cut := c.wasCut
 	t.mu.Unlock()
-	t.confirm(c.kind, c.name)
 	d := t.cfg.Now().Sub(c.start)
 	k := string(c.kind)
-	t.m.openNow.WithLabelValues(k, c.name).Dec()
+	if c.kind == Connect && c.name != OtherName {
+		t.release(c, true, "")
+	} else {
+		t.m.openNow.WithLabelValues(k, c.name).Dec()
+	}
 	t.m.bytes.WithLabelValues(k, c.name, "to_device").Add(float64(toDevice))
 	t.m.bytes.WithLabelValues(k, c.name, "from_device").Add(float64(fromDevice))
 	t.m.duration.WithLabelValues(k, c.name).Observe(d.Seconds())
@@ -237,9 +249,13 @@ func (c *Conn) Refused(reason string, err error) {
 	if !t.forget(c) {
 		return
 	}
-	t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
-	t.unlabel(c, reason)
-	t.m.refused.WithLabelValues(string(c.kind), c.name, reason).Inc()
+	label := c.name
+	if c.kind == Connect && c.name != OtherName {
+		label = t.release(c, false, reason)
+	} else {
+		t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
+	}
+	t.m.refused.WithLabelValues(string(c.kind), label, reason).Inc()
 	t.log.Info("tcp connection refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
 }
 
@@ -263,13 +279,21 @@ func (t *Tracker) forget(c *Conn) bool {
 func (t *Tracker) Refuse(kind Kind, name, target, source, reason string, err error) {
 	label := name
 	if kind == Connect {
-		label = OtherName
-		if name != "" {
-			label = t.label(kind, name)
-		}
+		label = t.known(name)
 	}
 	t.m.refused.WithLabelValues(string(kind), label, reason).Inc()
 	t.log.Info("tcp connection refused", logkey.Kind, kind, logkey.Target, target, logkey.Source, source, logkey.Reason, reason, logkey.Err, err)
+}
+
+// known returns name when a connection to it was carried, else OtherName:
+// a refusal before any open admits no label.
+func (t *Tracker) known(name string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if u, ok := t.names[name]; ok && u.carried {
+		return name
+	}
+	return OtherName
 }
 
 // Count returns how many connections are open.

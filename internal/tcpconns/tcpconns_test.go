@@ -103,4 +103,15 @@ func TestTypedNameUnlabelled(t *testing.T) {
 	if len(tr.names) != 1 {
 		t.Errorf("names kept: %v", tr.names)
 	}
+	// Two at once to a typed name: the label goes with the last.
+	a := tr.Open(Connect, "typed2", "d/typed2", "s", nil)
+	b := tr.Open(Connect, "typed2", "d/typed2", "s", nil)
+	a.Refused(ReasonUnknownService, nil)
+	b.Refused(ReasonUnknownService, nil)
+	if n := count(t, reg, "switchboard_tcp_connections_open"); n != 1 {
+		t.Errorf("%d label sets of open connections, want ssh alone", n)
+	}
+	if len(tr.names) != 1 {
+		t.Errorf("names kept: %v", tr.names)
+	}
 }
