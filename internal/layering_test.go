@@ -20,7 +20,7 @@ var layers = [][]string{
 	// errors are told.
 	{"config", "httperr", "logkey"},
 	// Pure policy, protocol and plumbing: nothing below but the shared.
-	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
+	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "tcpconns", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols; replay reads the errors of
 	// the HTTP libraries and of mux; flows carries UDP flows over streams.
 	{"auth", "peer", "broker", "fleet", "replay", "flows"},

@@ -35,6 +35,8 @@ type Agent struct {
 	byName   map[string]service.Service // the services by name
 	announce string                     // what a version 2 relay learns of them
 
+	moving sync.WaitGroup // version 2 tunnels left at a GOAWAY, serving their last streams
+
 	mu    sync.Mutex // guards state
 	state string     // last logged connection state
 }
@@ -89,6 +91,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.relay.CloseIdleConnections()
 	defer a.backend.CloseIdleConnections()
 	if a.cfg.Protocol == ProtocolNative {
+		defer a.moving.Wait()
 		return a.runNative(ctx)
 	}
 	return a.runLongPoll(ctx)

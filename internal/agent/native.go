@@ -61,7 +61,12 @@ func (a *Agent) runNative(ctx context.Context) error {
 		wc := &watchedConn{Conn: conn}
 		up := time.Now()
 		if version == tunnel.V2 {
-			tunnel.ServeStreams(ctx, wc, a.cfg.Liveness, a.dialStream)
+			if a.serveV2(ctx, wc) {
+				// The relay drains: connect elsewhere now, while this
+				// tunnel's streams finish beside the next one.
+				a.setState("moving: the relay asked this agent to go", logkey.Relay, c.url.Redacted())
+				continue
+			}
 		} else {
 			tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
 		}
@@ -81,6 +86,27 @@ func (a *Agent) runNative(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// serveV2 serves a version 2 tunnel until it ends (false) or until the
+// relay sends GOAWAY (true, at once): the tunnel's streams in flight, TCP
+// connections that may last hours, then run on to their end in the
+// background, waited for by runNative's caller through a.moving, so that
+// the device moves to another relay while they finish instead of staying
+// on the draining one until they do.
+func (a *Agent) serveV2(ctx context.Context, conn net.Conn) bool {
+	away := make(chan struct{})
+	done := make(chan struct{})
+	a.moving.Go(func() {
+		defer close(done)
+		tunnel.ServeStreamsAway(ctx, conn, a.cfg.Liveness, a.dialStream, func() { close(away) })
+	})
+	select {
+	case <-done:
+		return false
+	case <-away:
+		return true
+	}
 }
 
 // dialTunnel opens a tunnel to the relay c, by HTTP/1.1 Upgrade or

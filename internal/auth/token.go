@@ -15,6 +15,7 @@ import (
 	"errors"
 	"path"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -80,7 +81,7 @@ type Token struct {
 	ID        string    // 8 lowercase hex digits, the key in the bucket
 	Kind      Kind      // what the token is for
 	Name      string    // who or what holds it, for people
-	Devices   []string  // device names or globs; see Principal.Allows
+	Devices   []string  // device names or globs, or DEVICE/SERVICE for one service; see Principal.Allows
 	CreatedAt time.Time // when it was created
 	Revoked   bool      // whether it was revoked
 	RevokedAt time.Time // when it was revoked; zero if it was not
@@ -95,8 +96,10 @@ type Principal struct {
 }
 
 // Allows reports whether the principal may serve (agent) or use (user) the
-// named device. Admins may use every device; a user token that lists no
-// devices may use every device; an agent token serves only what it lists.
+// named device whole: its HTTP backend, its topics and every service.
+// Admins may use every device; a user token that lists no devices may use
+// every device; an agent token serves only what it lists. An entry that
+// names a service (DEVICE/SERVICE) does not allow the device whole.
 func (p Principal) Allows(device string) bool {
 	switch p.Kind {
 	case KindAdmin:
@@ -110,16 +113,58 @@ func (p Principal) Allows(device string) bool {
 	}
 }
 
-func matchAny(patterns []string, device string) bool {
-	if device == "" {
+// AllowsService reports whether the user principal may reach the device's
+// service of that name (switchboard connect): a token that allows the
+// device whole, or lists DEVICE/SERVICE (the device a name or glob).
+func (p Principal) AllowsService(device, service string) bool {
+	if p.Kind == KindAgent {
 		return false
 	}
-	for _, p := range patterns {
-		if ok, _ := path.Match(p, device); ok {
+	if p.Allows(device) {
+		return true
+	}
+	for _, e := range p.Devices {
+		if pat, svc, ok := strings.Cut(e, "/"); ok && svc == service && matchOne(pat, device) {
 			return true
 		}
 	}
 	return false
+}
+
+// AllowsAny reports whether the principal may use the device whole or any
+// of its services: a user sees such a device in their list.
+func (p Principal) AllowsAny(device string) bool {
+	if p.Allows(device) {
+		return true
+	}
+	if p.Kind != KindUser {
+		return false
+	}
+	for _, e := range p.Devices {
+		if pat, _, ok := strings.Cut(e, "/"); ok && matchOne(pat, device) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchAny reports whether a whole-device entry of patterns matches
+// device; entries that name a service (DEVICE/SERVICE) match none.
+func matchAny(patterns []string, device string) bool {
+	for _, p := range patterns {
+		if !strings.Contains(p, "/") && matchOne(p, device) {
+			return true
+		}
+	}
+	return false
+}
+
+func matchOne(pattern, device string) bool {
+	if device == "" {
+		return false
+	}
+	ok, _ := path.Match(pattern, device)
+	return ok
 }
 
 // The token string: "sb" + kind letter + "_" + id + "_" + secret.

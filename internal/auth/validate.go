@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/switchboard-relay/switchboard/internal/service"
 )
 
 // Limits on what a token request may carry.
@@ -66,6 +69,24 @@ func ValidateDevicePattern(p string) error {
 	return nil
 }
 
+// validateEntry checks one entry of a token's device list: a device name
+// or glob, or DEVICE/SERVICE (the device a name or glob), which allows
+// that one service through switchboard connect and nothing else of the
+// device.
+func validateEntry(e string) error {
+	pat, svc, ok := strings.Cut(e, "/")
+	if err := ValidateDevicePattern(pat); err != nil {
+		return err
+	}
+	if !ok {
+		return nil
+	}
+	if err := service.CheckName(svc); err != nil {
+		return fmt.Errorf("%w %q: the service after '/' (DEVICE/SERVICE): %w", ErrInvalidDevice, e, err)
+	}
+	return nil
+}
+
 func isNameByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
@@ -107,7 +128,10 @@ func (r CreateRequest) normalize() (CreateRequest, error) {
 		return r, err
 	}
 	r.Devices = devices
+	scoped := slices.ContainsFunc(devices, func(d string) bool { return strings.Contains(d, "/") })
 	switch {
+	case r.Kind != KindUser && scoped:
+		return r, requestErrorf("only a user token may be scoped to a device's services (DEVICE/SERVICE); an agent serves devices whole")
 	case !r.Kind.Valid():
 		return r, requestErrorf("unknown token kind %q; use %q, %q or %q", r.Kind, KindAgent, KindUser, KindAdmin)
 	case r.Kind == KindAgent && len(r.Devices) == 0:
@@ -140,7 +164,7 @@ func normalizeDevices(devices []string) ([]string, error) {
 	seen := make(map[string]bool, len(devices))
 	for _, d := range devices {
 		d = strings.TrimSpace(d)
-		if err := ValidateDevicePattern(d); err != nil {
+		if err := validateEntry(d); err != nil {
 			return nil, &requestError{err: err}
 		}
 		if !seen[d] {

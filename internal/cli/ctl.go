@@ -54,7 +54,8 @@ commands:
   tokens create --device NAME [--device NAME...] [--name TEXT]
                         create an agent token that may serve these devices
   tokens create --user NAME [--device NAME...]
-                        create a user token (no --device: every device)
+                        create a user token (no --device: every device;
+                        --device NAME/SERVICE: that service alone, by connect)
   tokens list           list tokens (never their secrets)
   tokens revoke ID      revoke a token on every relay; what it let in is cut
   codes create DEVICE [--path P] [--ttl 30s] [--url BASE]

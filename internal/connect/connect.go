@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
+	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 )
 
 // Protocol names the connection in the Upgrade header.
@@ -105,6 +106,27 @@ var codes = []struct {
 	{mux.CodeApplication + 4, ErrRefused},
 	{mux.CodeApplication + 5, ErrUnreachable},
 	{mux.CodeApplication + 6, ErrBusy},
+}
+
+// Reason names err's kind as the refusals metric labels it
+// (tcpconns.Reason…), or returns "" when err is none of the errors above.
+func Reason(err error) string {
+	for _, r := range []struct {
+		err    error
+		reason string
+	}{
+		{ErrNoDevice, tcpconns.ReasonNoDevice},
+		{ErrUnknownService, tcpconns.ReasonUnknownService},
+		{ErrForbidden, tcpconns.ReasonForbidden},
+		{ErrRefused, tcpconns.ReasonRefused},
+		{ErrUnreachable, tcpconns.ReasonUnreachable},
+		{ErrBusy, tcpconns.ReasonBusy},
+	} {
+		if errors.Is(err, r.err) {
+			return r.reason
+		}
+	}
+	return ""
 }
 
 // codeOf returns the reset code for err: ErrUnreachable's for errors of

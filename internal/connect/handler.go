@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/splice"
+	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
@@ -39,7 +40,10 @@ type Handler struct {
 	// client, as for mux.Config. Defaults 30 s and 60 s: the client pings
 	// more often, so the relay rarely needs to.
 	PingAfter, DeadAfter time.Duration
-	Logger               *slog.Logger
+	// Conns accounts for every stream carried (metrics, the log and the
+	// event log, a drain's wait); nil accounts for none.
+	Conns  *tcpconns.Tracker
+	Logger *slog.Logger
 }
 
 // StatusError is an authorizer's refusal with its HTTP status.
@@ -76,7 +80,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// relay stops: the session and its streams end with it.
 	stop := context.AfterFunc(r.Context(), func() { sess.Close() })
 	defer stop()
-	h.serve(r.Context(), sess, allow)
+	h.serve(r.Context(), sess, allow, r.RemoteAddr)
 }
 
 // Hijack takes the connection of an upgrade request to protocol from w
@@ -103,7 +107,7 @@ func Hijack(w http.ResponseWriter, protocol string) (net.Conn, bool) {
 }
 
 // serve joins each stream of sess to its service.
-func (h *Handler) serve(ctx context.Context, sess *mux.Session, allow Allow) {
+func (h *Handler) serve(ctx context.Context, sess *mux.Session, allow Allow, source string) {
 	defer sess.Close()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -114,12 +118,13 @@ func (h *Handler) serve(ctx context.Context, sess *mux.Session, allow Allow) {
 		if err != nil {
 			return
 		}
-		wg.Go(func() { h.join(ctx, st, allow) })
+		wg.Go(func() { h.join(ctx, st, allow, source) })
 	}
 }
 
-func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow) {
-	target, err := parseMeta(string(st.Meta()))
+func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow, source string) {
+	name := string(st.Meta())
+	target, err := parseMeta(name)
 	if err == nil {
 		err = allow(target)
 	}
@@ -128,11 +133,45 @@ func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow) {
 		conn, err = h.Open.Open(ctx, target)
 	}
 	if err != nil {
-		h.logger().Info("connection refused", logkey.Target, string(st.Meta()), logkey.Err, err)
+		h.refuse(target, name, source, err)
 		st.Reset(codeOf(err))
 		return
 	}
-	splice.Join(st, &refusable{Conn: conn, st: st})
+	if h.Conns == nil {
+		splice.Join(st, &refusable{Conn: conn, st: st})
+		return
+	}
+	tc := h.Conns.Open(tcpconns.Connect, target.Service, name, source, func() {
+		st.Reset(mux.CodeCancel)
+		conn.Close()
+	})
+	res := splice.Join(st, &refusable{Conn: conn, st: st})
+	if reason := Reason(res.Err); reason != "" && res.BToA == 0 {
+		tc.Refused(reason, res.Err)
+		return
+	}
+	tc.Close(res.AToB, res.BToA)
+}
+
+// refuse accounts for a stream refused before its open: the service's
+// name labels the refusal only when the device was found to have it.
+func (h *Handler) refuse(target Target, name, source string, err error) {
+	if h.Conns == nil {
+		h.logger().Info("connection refused", logkey.Target, name, logkey.Source, source, logkey.Err, err)
+		return
+	}
+	reason := Reason(err)
+	switch {
+	case target.Device == "":
+		reason = tcpconns.ReasonBadTarget
+	case reason == "":
+		reason = tcpconns.ReasonUnreachable // as codeOf tells the user
+	}
+	svc := target.Service
+	if reason == tcpconns.ReasonUnknownService || reason == tcpconns.ReasonBadTarget || reason == tcpconns.ReasonForbidden {
+		svc = ""
+	}
+	h.Conns.Refuse(tcpconns.Connect, svc, name, source, reason, err)
 }
 
 // refusable is the service's side of a stream: a refusal it reports only

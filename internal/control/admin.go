@@ -17,6 +17,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/limit"
+	"github.com/switchboard-relay/switchboard/internal/ports"
 	"github.com/switchboard-relay/switchboard/internal/topic"
 )
 
@@ -46,8 +47,9 @@ const (
 	// adminSignInLifetime is how long a sign-in through the form lasts.
 	adminSignInLifetime = 12 * time.Hour
 
-	adminRefreshSeconds = 5  // how often the page reloads itself
-	adminEventsShown    = 50 // the most recent events the page lists
+	adminRefreshSeconds = 5   // how often the page reloads itself
+	adminEventsShown    = 50  // the most recent events the page lists
+	adminEventsRead     = 500 // the events read for the port events the page lists, of which it shows adminEventsShown
 	maxSignInBodyBytes  = 4 << 10
 	// adminReadTimeout bounds reading the event log for one page, so that
 	// an unreachable NATS slows the page down without hiding the rest.
@@ -327,6 +329,7 @@ func (p *adminPage) show(w http.ResponseWriter, r *http.Request, who caller) {
 	if p.h.cfg.Topics != nil {
 		v.Topics = p.h.cfg.Topics()
 	}
+	p.fillPorts(&v)
 	p.render(w, http.StatusOK, "page", v)
 }
 
@@ -349,7 +352,7 @@ func (p *adminPage) fillFleet(ctx context.Context, v *fleetView, f Fleet) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, adminReadTimeout)
 	defer cancel()
-	evs, err := f.Events(ctx, adminEventsShown)
+	evs, err := f.Events(ctx, adminEventsRead)
 	if err != nil {
 		p.h.log.Warn("reading events for the admin page", attrError, err)
 		v.EventsError = "The event log cannot be read now (is NATS reachable?): " + err.Error()
@@ -357,7 +360,39 @@ func (p *adminPage) fillFleet(ctx context.Context, v *fleetView, f Fleet) {
 	}
 	slices.Reverse(evs) // newest first
 	for _, e := range evs {
-		v.Events = append(v.Events, eventRow{Event: e, At: stamp(e.Time)})
+		row := eventRow{Event: e, At: stamp(e.Time)}
+		if len(v.Events) < adminEventsShown {
+			v.Events = append(v.Events, row)
+		}
+		if isPortEvent(e.Type) && len(v.PortEvents) < adminEventsShown {
+			v.PortEvents = append(v.PortEvents, row)
+		}
+	}
+}
+
+// isPortEvent reports whether events of type tell of mapped ports or the
+// TCP connections through them and switchboard connect.
+func isPortEvent(typ string) bool {
+	return strings.HasPrefix(typ, "ports.") || strings.HasPrefix(typ, "tcp.")
+}
+
+// fillPorts lists the fleet's port mappings, with the connections open
+// through each on this relay.
+func (p *adminPage) fillPorts(v *fleetView) {
+	if p.h.cfg.Ports == nil {
+		return
+	}
+	v.HasPorts = true
+	var open map[int]int
+	if p.h.cfg.PortConns != nil {
+		open = p.h.cfg.PortConns()
+	}
+	for _, m := range p.h.cfg.Ports.List() {
+		row := portRow{Mapping: m, Allowed: strings.Join(m.Allow, ", "), Created: stamp(m.CreatedAt), Key: m.Key()}
+		if m.Network == ports.TCP {
+			row.OpenHere = strconv.Itoa(open[m.Port])
+		}
+		v.Ports = append(v.Ports, row)
 	}
 }
 
@@ -416,8 +451,19 @@ type fleetView struct {
 	Relays      []relayRow
 	Devices     []deviceRow
 	Events      []eventRow
+	PortEvents  []eventRow // of mapped ports and TCP connections, newest first
 	EventsError string
 	Topics      []topic.Stats // on this relay
+	HasPorts    bool          // whether this relay has the port mappings
+	Ports       []portRow
+}
+
+type portRow struct {
+	ports.Mapping
+	Key      string // tcp-6379
+	Allowed  string // the allowlist, or "" for every source
+	Created  string
+	OpenHere string // TCP connections open through it on this relay; "" for UDP
 }
 
 type relayRow struct {

@@ -134,7 +134,7 @@ func (h *handler) listDevices(w http.ResponseWriter, _ *http.Request, p auth.Pri
 	}
 	out := []UserDevice{}
 	for _, d := range all {
-		if p.Allows(d.Name) {
+		if p.AllowsAny(d.Name) {
 			out = append(out, UserDevice{Name: d.Name, State: d.State, Fresh: d.Fresh})
 		}
 	}
@@ -144,7 +144,7 @@ func (h *handler) listDevices(w http.ResponseWriter, _ *http.Request, p auth.Pri
 func (h *handler) showDevice(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	name := r.PathValue("name")
 	link, err := h.cfg.Fleet.Device(name)
-	if p.Kind != auth.KindAdmin && !p.Allows(name) {
+	if p.Kind != auth.KindAdmin && !p.AllowsAny(name) {
 		// The same answer as an unknown device: a user learns nothing of
 		// devices it may not use.
 		err = fmt.Errorf("device %q: %w", name, fleet.ErrNotFound)

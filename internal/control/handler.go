@@ -72,6 +72,9 @@ type Config struct {
 	// OwnPorts, if set, returns the ports of this relay's own listeners
 	// (public and admin), which no tcp mapping may take: 409.
 	OwnPorts func() []int
+	// PortConns, if set, counts the TCP connections open through each
+	// mapped port on this relay, by port number (the admin page).
+	PortConns func() map[int]int
 	// Stop, if set, makes the relay drain and stop as on SIGTERM (POST
 	// /api/v1/relay/stop, a preStop hook's call); nil answers 503.
 	Stop func()

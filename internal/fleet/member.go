@@ -260,6 +260,17 @@ func (m *Member) Record(e Event) {
 	m.events.add(e)
 }
 
+// RecordNow publishes e at once, past the queue, and returns when NATS has
+// it or ctx ends: for what a relay tells as it stops, which the queue
+// would not outlive.
+func (m *Member) RecordNow(ctx context.Context, e Event) error {
+	e.By = m.cfg.RelayID
+	if e.Time.IsZero() {
+		e.Time = now()
+	}
+	return m.events.publish(ctx, e)
+}
+
 // nudge asks the loop that reads ch, a channel of one slot, to run now. It
 // never blocks: a nudge already waiting is enough.
 func nudge(ch chan<- struct{}) {

@@ -25,8 +25,9 @@ import (
 // portFleet starts two relays on one NATS server, their public listeners
 // on loopback addresses of their own (127.0.0.1 and 127.0.0.2), so that
 // both can listen on the same mapped port as relays on two hosts do. It
-// returns the relays with their hosts.
-func portFleet(t *testing.T) ([]*Relay, []string) {
+// returns the relays with their hosts. Options apply to every relay, after
+// those.
+func portFleet(t *testing.T, opts ...func(*node.Config)) ([]*Relay, []string) {
 	t.Helper()
 	st, err := store.Open(context.Background(), store.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
 	if err != nil {
@@ -36,10 +37,10 @@ func portFleet(t *testing.T) ([]*Relay, []string) {
 	hosts := []string{"127.0.0.1", "127.0.0.2"}
 	var relays []*Relay
 	for _, host := range hosts {
-		relays = append(relays, StartRelay(t, FastFleet, func(c *node.Config) {
+		relays = append(relays, StartRelay(t, append([]func(*node.Config){FastFleet, func(c *node.Config) {
 			c.NATS = []string{st.ClientURL()}
 			c.Listen = net.JoinHostPort(host, "0")
-		}))
+		}}, opts...)...))
 	}
 	return relays, hosts
 }

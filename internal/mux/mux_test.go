@@ -374,8 +374,19 @@ func TestGoAway(t *testing.T) {
 	open, _ := client.Open(context.Background(), nil)
 	open.Write([]byte("ping"))
 	peer := accept(t, server)
+	select {
+	case <-client.PeerGoneAway():
+		t.Fatal("PeerGoneAway closed before any GOAWAY")
+	default:
+	}
 	if err := server.GoAway(7); err != nil {
 		t.Fatal(err)
+	}
+	server.GoAway(7) // a second one changes nothing
+	select {
+	case <-client.PeerGoneAway():
+	case <-time.After(5 * time.Second):
+		t.Fatal("PeerGoneAway not closed by the peer's GOAWAY")
 	}
 	eventually(t, func() bool {
 		_, err := client.Open(context.Background(), nil)

@@ -115,6 +115,9 @@ func (s *Session) handle(h header, payload []byte, owned bool) error {
 		s.pong(h.value)
 	case typeGoAway:
 		s.mu.Lock()
+		if !s.goneAway {
+			close(s.peerAway)
+		}
 		s.goneAway = true
 		s.mu.Unlock()
 	}

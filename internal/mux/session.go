@@ -95,6 +95,7 @@ type Session struct {
 	acceptable chan struct{} // signalled when a stream is queued for Accept
 	done       chan struct{}
 	readerDone chan struct{}
+	peerAway   chan struct{} // closed when the peer's first GOAWAY arrives
 
 	lastRead atomic.Int64 // monotonic nanoseconds (since start) of the last read
 	start    time.Time
@@ -135,6 +136,7 @@ func New(conn net.Conn, cfg Config) *Session {
 		acceptable: make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
+		peerAway:   make(chan struct{}),
 		start:      time.Now(),
 		streams:    map[uint32]*Stream{},
 		pings:      map[uint32]chan struct{}{},
@@ -245,6 +247,10 @@ func (s *Session) Ping(ctx context.Context) (time.Duration, error) {
 		return 0, ctx.Err()
 	}
 }
+
+// PeerGoneAway is closed when the peer sends GOAWAY: it opens no more
+// streams on this session, whose streams open finish as they would.
+func (s *Session) PeerGoneAway() <-chan struct{} { return s.peerAway }
 
 // GoAway tells the peer to open no more streams here; the streams open
 // now carry on. The code is the application's.

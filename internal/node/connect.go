@@ -7,7 +7,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchboard-relay/switchboard/internal/access"
 	"github.com/switchboard-relay/switchboard/internal/auth"
@@ -15,6 +19,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/forward"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
+	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 
@@ -42,17 +47,22 @@ type connectGateway struct {
 func newConnectGateway(n *Node) *connectGateway {
 	g := &connectGateway{n: n, clients: map[string]*connect.Client{}}
 	log := n.log.With(logkey.Component, "connect")
-	g.users = &connect.Handler{Open: openerFunc(g.openAnywhere), Authorize: n.authorizeConnect, Logger: log}
+	g.users = &connect.Handler{Open: openerFunc(g.openAnywhere), Authorize: n.authorizeConnect, Conns: n.conns, Logger: log}
 	g.peer = &connect.Handler{Open: openerFunc(g.openHere), Authorize: n.authorizeConnectPeer, Logger: log}
 	return g
 }
+
+// The peer handler's streams are accounted for by the relay the user
+// reached: one connection is counted, logged and recorded once.
 
 // ServeHTTP serves one connect session until it ends, the credential that
 // opened it is revoked, or the relay stops.
 func (g *connectGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	stop := context.AfterFunc(g.n.stopCtx, cancel)
+	// A drain lets sessions run on to its deadline (their streams are TCP
+	// connections the drain waits for), and cuts them there.
+	stop := context.AfterFunc(g.n.cutTCP, cancel)
 	defer stop()
 	r = r.WithContext(ctx)
 	if r.Header.Get(peer.Header) != "" {
@@ -208,20 +218,28 @@ func (c *serviceConn) CloseWrite() error {
 	return c.Conn.Close()
 }
 
+// ServiceScope is the path, under a device, that an access code's scope
+// must cover to open the device's service name through switchboard
+// connect: a code for "/" opens every service, one for "/.service/ssh"
+// the service ssh alone.
+func ServiceScope(name string) string { return "/.service/" + name }
+
 // authorizeConnect checks a user's connect session as authorizeUser
 // checks an HTTP request: a user (or admin) token, filed under its id so
-// that revoking it ends the session, or nothing when anonymous users are
-// allowed. Each stream's device must be one the token may use.
+// that revoking it ends the session, or an access code, or nothing when
+// anonymous users are allowed. Each stream's device and service must be
+// ones the credential may use: a token scoped to DEVICE/SERVICE reaches
+// that service alone.
 func (n *Node) authorizeConnect(r *http.Request) (connect.Allow, error) {
 	if code, _ := access.TakeCode(r.URL.RawQuery); code != "" {
-		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "switchboard connect takes a user token, not an access code, for now: pass one with --token-file; an operator creates it with 'switchboard ctl tokens create --user NAME'"}
+		return n.authorizeConnectCode(r, code)
 	}
 	token := relay.UserToken(r.Header)
 	if token == "" {
 		if n.cfg.AllowAnonymousUsers {
 			return func(connect.Target) error { return nil }, nil
 		}
-		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "this relay needs a user token: pass one with --token-file; an operator creates it with 'switchboard ctl tokens create --user NAME'"}
+		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "this relay needs a user token or an access code: pass one with --token-file or --code; an operator creates tokens with 'switchboard ctl tokens create --user NAME'"}
 	}
 	ip, err := n.backoff(r)
 	if err != nil {
@@ -237,11 +255,75 @@ func (n *Node) authorizeConnect(r *http.Request) (connect.Allow, error) {
 	}
 	n.sessions.Bind(r.Context(), p.TokenID)
 	return func(t connect.Target) error {
-		if err := userMay(p, t.Device); err != nil {
-			return fmt.Errorf("%w: %w", connect.ErrForbidden, err)
+		if !p.AllowsService(t.Device, t.Service) {
+			return fmt.Errorf("%w: this token may not use %s", connect.ErrForbidden, t)
 		}
 		return nil
 	}, nil
+}
+
+// authorizeConnectCode checks an access code for a connect session: the
+// code is spent here, at once (a session is not a request to the device's
+// holder, where HTTP spends codes), and the session reaches the code's
+// device, the services under its scope, while the token it was issued to
+// may. Revoking that token ends the session.
+func (n *Node) authorizeConnectCode(r *http.Request, code string) (connect.Allow, error) {
+	ip, err := n.backoff(r)
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	g, err := access.Decode(n.secrets.VerifyKeys(secret.PurposeCode), access.CodePrefix, code, time.Now())
+	n.noteAuth(ip, err)
+	if err != nil {
+		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "the access code is not valid (" + reason(err) + "); ask for a new one"}
+	}
+	if _, ok := n.tokens.Principal(g.TokenID); !ok {
+		return nil, &connect.StatusError{Code: http.StatusUnauthorized, Msg: "the token this access code was issued to was revoked"}
+	}
+	if g.Scope != "/" && !strings.HasPrefix(g.Scope, ServiceScope("")) {
+		return nil, &connect.StatusError{Code: http.StatusForbidden, Msg: fmt.Sprintf("this access code opens device %q under %q, which holds no service: ask for a code for %s", g.Device, g.Scope, ServiceScope("NAME"))}
+	}
+	if err := n.spendConnectCode(r.Context(), g); err != nil {
+		return nil, statusOf(err)
+	}
+	n.sessions.Bind(r.Context(), g.TokenID)
+	return func(t connect.Target) error {
+		if !g.Allows(t.Device, ServiceScope(t.Service)) {
+			return fmt.Errorf("%w: this access code opens device %q under %q only", connect.ErrForbidden, g.Device, g.Scope)
+		}
+		if p, ok := n.tokens.Principal(g.TokenID); !ok || !p.AllowsService(t.Device, t.Service) {
+			return fmt.Errorf("%w: the token this access code was issued to may not use %s", connect.ErrForbidden, t)
+		}
+		return nil
+	}, nil
+}
+
+// connectCodesBucket records the access codes connect sessions spent, a
+// key per code's nonce, for as long as a code lives: its create-only write
+// is what makes a code open one session in the whole fleet, whichever
+// relays it is sent to at once.
+const connectCodesBucket = "switchboard_connect_codes"
+
+// spendConnectCode spends g's code for a connect session: here, as HTTP
+// spends codes (a code used for HTTP already is refused), and fleet-wide
+// by a create-only write, which two relays cannot both win.
+func (n *Node) spendConnectCode(ctx context.Context, g access.Grant) error {
+	if err := n.spendCode(access.Ticket{Nonce: g.Nonce, Expires: g.Expires}); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	kv, err := n.store.ExpiringKeyValue(ctx, connectCodesBucket, access.MaxCodeTTL+time.Minute)
+	if err == nil {
+		_, err = kv.Create(ctx, g.Nonce, []byte(n.relayID))
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrKeyExists):
+		return access.ErrSpent
+	case err != nil:
+		return &connect.StatusError{Code: http.StatusServiceUnavailable, Msg: fmt.Sprintf("the fleet state is unreachable, so the access code's single use cannot be checked: try again (%v)", err)}
+	}
+	return nil
 }
 
 // authorizeConnectPeer checks another relay's forward of connect streams:

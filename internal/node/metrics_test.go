@@ -14,7 +14,7 @@ import (
 // (a new component's metrics add it here and in docs/metrics.md).
 var (
 	metricName = regexp.MustCompile(`^switchboard_[a-z]+_[a-z_]+$`)
-	subsystem  = regexp.MustCompile(`^switchboard_(broker|tunnel|limit|fleet|router|forward|watchdog|topic)_`)
+	subsystem  = regexp.MustCompile(`^switchboard_(broker|tunnel|limit|fleet|router|forward|watchdog|topic|tcp)_`)
 )
 
 // TestMetricNames scrapes a relay's /metrics and holds every metric it

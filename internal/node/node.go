@@ -37,6 +37,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/store"
+	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 	"github.com/switchboard-relay/switchboard/internal/tlsconf"
 	"github.com/switchboard-relay/switchboard/internal/topic"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
@@ -68,13 +69,16 @@ type Node struct {
 	connect       *connectGateway // switchboard connect's sessions
 	forwards      *forward.Server // other relays' stream forwards to agents here
 	forwarder     *forward.Forwarder
-	ports         *ports.Store     // the fleet's port mappings
-	portListeners *ports.Listeners // this relay's mapped ports
-	portsMu       sync.Mutex       // guards portsFailed
-	portsFailed   string           // the last failure to open mapped ports, told once
-	placer        *router.Placer   // native agents
-	calls         *router.Calls    // long-poll agents' calls
-	backs         sendBacks        // KeepArrivingAgents: when each device's agents were last asked back
+	ports         *ports.Store      // the fleet's port mappings
+	portListeners *ports.Listeners  // this relay's mapped ports
+	conns         *tcpconns.Tracker // the TCP connections carried: connect's streams, mapped ports'
+	cutTCP        context.Context   // ends when the TCP connections are cut: the drain's end, or Close
+	cutTCPNow     context.CancelFunc
+	portsMu       sync.Mutex     // guards portsFailed
+	portsFailed   string         // the last failure to open mapped ports, told once
+	placer        *router.Placer // native agents
+	calls         *router.Calls  // long-poll agents' calls
+	backs         sendBacks      // KeepArrivingAgents: when each device's agents were last asked back
 	probeClient   *http.Client
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
@@ -113,6 +117,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2), stopReq: make(chan struct{}), changes: newChangeHub()}
 	n.stopCtx, n.stopNow = context.WithCancel(context.Background())
+	n.cutTCP, n.cutTCPNow = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			n.closeResources()
@@ -167,6 +172,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.openPorts(ctx); err != nil {
 		return nil, err
 	}
+	n.conns = tcpconns.New(tcpconns.Config{Registry: n.registry, Logger: n.log.With(logkey.Component, "tcp"), Record: n.recordTCP})
 	n.buildServers()
 	n.listenPorts()
 	n.ready.Store(true)
@@ -304,6 +310,7 @@ func (n *Node) buildServers() {
 		Topics:       n.Topics,
 		Ports:        n.ports,
 		OwnPorts:     n.ownPorts,
+		PortConns:    n.portConns,
 		Stop:         n.RequestStop,
 		Logger:       n.log,
 	}), n.cfg.IdleStreamTimeout)), n.adminTLS)
@@ -403,15 +410,19 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	n.closeTopics() // topic connections end with "service restart": their clients come back elsewhere
+	// The mapped ports stop taking connections when the public listener
+	// does: balancers following /readyz have stopped sending them here.
+	n.portListeners.StopAccepting()
 	errPublic := n.public.Shutdown(ctx)
 	// Upgraded streams (websockets) passing through here to another relay
 	// run on hijacked connections, which Shutdown does not wait for.
 	errPublic = errors.Join(errPublic, n.publicHandler.WaitIdle(ctx))
+	errTCP := n.drainTCP(ctx)
 	if errPublic != nil || errWait != nil || errTunnels != nil {
 		n.log.Warn("drain deadline passed; cutting what is left")
 	}
 	n.Close()
-	if err := errors.Join(errTunnels, errWait, errPublic); err != nil {
+	if err := errors.Join(errTunnels, errWait, errPublic, errTCP); err != nil {
 		return fmt.Errorf("drain: %w", err)
 	}
 	n.log.Info("relay stopped")
@@ -421,6 +432,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 // Close stops the node at once, cutting whatever is in flight.
 func (n *Node) Close() error {
 	n.stopNow()
+	n.cutTCPNow()
 	n.ready.Store(false)
 	n.healthy.Store(false)
 	n.stopOnce.Do(func() {

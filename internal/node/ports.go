@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/ports"
+	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
@@ -34,7 +36,7 @@ func (n *Node) openPorts(ctx context.Context) error {
 // an agent here, or one hop to the relay holding the device.
 func (n *Node) listenPorts() {
 	host, _, _ := net.SplitHostPort(n.cfg.Listen)
-	n.portListeners = &ports.Listeners{Host: host, Open: openerFunc(n.connect.openAnywhere), Logger: n.log}
+	n.portListeners = &ports.Listeners{Host: host, Open: openerFunc(n.connect.openAnywhere), Conns: n.conns, Logger: n.log}
 	n.ports.OnChange(n.applyPorts)
 	n.applyPorts()
 }
@@ -88,4 +90,45 @@ func (n *Node) closePorts() {
 	if n.portListeners != nil {
 		n.portListeners.Close()
 	}
+}
+
+// drainTCP waits, until ctx ends, for the TCP connections carried here
+// (connect's streams and mapped ports' connections) to end; at ctx's end
+// it cuts those left and says so, in the log and the fleet's event log.
+func (n *Node) drainTCP(ctx context.Context) error {
+	err := n.conns.Wait(ctx)
+	if err == nil {
+		return nil
+	}
+	cut := n.conns.Cut()
+	n.cutTCPNow() // connect's sessions end with their streams
+	if cut == 0 {
+		return nil
+	}
+	n.log.Warn("drain deadline passed; cutting TCP connections", logkey.Cut, cut)
+	if n.member != nil {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = n.member.RecordNow(rctx, fleet.Event{Type: tcpconns.EventCut, RelayID: n.relayID,
+			Message: fmt.Sprintf("relay %s cut %d TCP connections at its drain deadline", n.relayID, cut)})
+	}
+	return fmt.Errorf("%d TCP connections cut: %w", cut, err)
+}
+
+// recordTCP records a TCP connection's event in the fleet's event log.
+func (n *Node) recordTCP(e tcpconns.Event) {
+	if n.member != nil {
+		n.member.Record(fleet.Event{Type: e.Type, RelayID: n.relayID, Device: e.Device, Message: e.Message, DurationMS: e.DurationMS})
+	}
+}
+
+// portConns counts the TCP connections open through each mapped port here.
+func (n *Node) portConns() map[int]int {
+	out := map[int]int{}
+	for name, c := range n.conns.OpenBy(tcpconns.Port) {
+		if port, err := strconv.Atoi(name); err == nil {
+			out[port] = c
+		}
+	}
+	return out
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/proxyproto"
 	"github.com/switchboard-relay/switchboard/internal/splice"
+	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
@@ -37,18 +38,36 @@ type Listeners struct {
 	// UDPIdle and UDPQueue: DefaultUDPIdle and DefaultUDPQueue if zero.
 	UDPIdle  time.Duration
 	UDPQueue int
-	Logger   *slog.Logger
+	// Conns accounts for every TCP connection carried (metrics, the log
+	// and the event log, a drain's wait); nil accounts for none.
+	Conns  *tcpconns.Tracker
+	Logger *slog.Logger
 
-	mu    sync.Mutex // guards open
-	open  map[string]port
-	ctx   context.Context
-	close context.CancelFunc
+	mu       sync.Mutex // guards the fields below
+	open     map[string]port
+	ctx      context.Context
+	close    context.CancelFunc
+	draining bool // StopAccepting was called: no port opens any more
 }
 
 // port is one open mapped port.
 type port interface {
 	mapping() Mapping
-	stop() // closes the port and every connection through it, and waits
+	stopAccepting() // closes the port to new connections, keeping those open
+	stop()          // closes the port and every connection through it, and waits
+}
+
+// StopAccepting closes the TCP ports to new connections and keeps those
+// open, as a drain does when the relay's public listener closes: they run
+// on until they end or Close cuts them. No port opens after it; a mapping
+// removed meanwhile still closes its port and its connections.
+func (l *Listeners) StopAccepting() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.draining = true
+	for _, p := range l.open {
+		p.stopAccepting()
+	}
 }
 
 // Apply opens the ports of ms that are not open, and closes those open
@@ -74,7 +93,7 @@ func (l *Listeners) Apply(ms []Mapping) error {
 	}
 	var errs []error
 	for key, m := range want {
-		if _, ok := l.open[key]; ok {
+		if _, ok := l.open[key]; ok || l.draining {
 			continue
 		}
 		p, err := l.start(m)
@@ -112,7 +131,7 @@ func (l *Listeners) start(m Mapping) (port, error) {
 	}
 	addr := net.JoinHostPort(l.Host, strconv.Itoa(m.Port))
 	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler)).With(logkey.Component, "ports", logkey.Port, m.Port, logkey.Network, m.Network, logkey.Target, m.Target)
-	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, conns: map[net.Conn]struct{}{}}
+	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, acct: l.Conns, conns: map[net.Conn]struct{}{}}
 	if m.MaxConns > 0 {
 		base.slots = make(chan struct{}, m.MaxConns)
 	}
@@ -144,7 +163,8 @@ type portBase struct {
 	prefixes []netip.Prefix
 	open     connect.Opener
 	log      *slog.Logger
-	slots    chan struct{} // a token per connection open, when bounded
+	acct     *tcpconns.Tracker // nil: connections are not accounted for
+	slots    chan struct{}     // a token per connection open, when bounded
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -155,10 +175,11 @@ type portBase struct {
 
 func (p *portBase) mapping() Mapping { return p.m }
 
-// admit reports whether a connection from addr may go on, taking a slot.
-func (p *portBase) admit(addr netip.Addr) bool {
-	if !allows(p.prefixes, addr) {
-		p.log.Info("connection refused: source not allowed", logkey.Source, addr)
+// admit reports whether a connection from src may go on, taking a slot.
+func (p *portBase) admit(src netip.AddrPort) bool {
+	if !allows(p.prefixes, src.Addr()) {
+		p.log.Info("connection refused: source not allowed", logkey.Source, src)
+		p.refuse(src, tcpconns.ReasonSource, nil)
 		return false
 	}
 	if p.slots == nil {
@@ -168,8 +189,16 @@ func (p *portBase) admit(addr netip.Addr) bool {
 	case p.slots <- struct{}{}:
 		return true
 	default:
-		p.log.Info("connection refused: the port's connection limit is reached", logkey.Source, addr, logkey.Limit, p.m.MaxConns)
+		p.log.Info("connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
+		p.refuse(src, tcpconns.ReasonLimit, nil)
 		return false
+	}
+}
+
+// refuse accounts for a connection from src refused for reason.
+func (p *portBase) refuse(src netip.AddrPort, reason string, err error) {
+	if p.acct != nil && p.m.Network != UDP {
+		p.acct.Refuse(tcpconns.Port, strconv.Itoa(p.m.Port), p.m.Target, src.String(), reason, err)
 	}
 }
 
@@ -206,6 +235,8 @@ type tcpPort struct {
 	ln net.Listener
 }
 
+func (p *tcpPort) stopAccepting() { p.ln.Close() }
+
 func (p *tcpPort) stop() {
 	p.cancel()
 	p.ln.Close()
@@ -223,7 +254,7 @@ func (p *tcpPort) accept() {
 			return
 		}
 		src := netip.MustParseAddrPort(c.RemoteAddr().String())
-		if !p.admit(src.Addr()) {
+		if !p.admit(src) {
 			c.Close()
 			continue
 		}
@@ -243,6 +274,7 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
 		p.log.Info("connection refused", logkey.Source, src, logkey.Err, err)
+		p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonUnreachable), err)
 		return
 	}
 	p.track(dev)
@@ -255,12 +287,26 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 		}
 		if err != nil {
 			p.log.Info("connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
+			p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonProxyHeader), err)
 			dev.Close()
 			return
 		}
 	}
-	p.log.Info("connected", logkey.Source, src)
+	if p.acct == nil {
+		p.log.Info("connected", logkey.Source, src)
+		res := splice.Join(c, dev)
+		p.log.Info("disconnected", logkey.Source, src, logkey.DurationMS, time.Since(start).Milliseconds(),
+			logkey.BytesIn, res.AToB, logkey.BytesOut, res.BToA)
+		return
+	}
+	tc := p.acct.Open(tcpconns.Port, strconv.Itoa(p.m.Port), p.m.Target, src.String(), func() {
+		c.Close()
+		dev.Close()
+	})
 	res := splice.Join(c, dev)
-	p.log.Info("disconnected", logkey.Source, src, logkey.DurationMS, time.Since(start).Milliseconds(),
-		logkey.BytesIn, res.AToB, logkey.BytesOut, res.BToA)
+	if reason := connect.Reason(res.Err); reason != "" && res.BToA == 0 {
+		tc.Refused(reason, res.Err)
+		return
+	}
+	tc.Close(res.AToB, res.BToA)
 }

@@ -24,13 +24,17 @@ func newUDPPort(base *portBase, pc net.PacketConn, cfg flows.Config) *udpPort {
 		Open: func(ctx context.Context, _ netip.AddrPort) (net.Conn, error) {
 			return p.open.Open(ctx, p.target)
 		},
-		Admit:   func(src netip.AddrPort) bool { return p.admit(src.Addr()) },
+		Admit:   p.admit,
 		Release: p.release,
 		Config:  cfg,
 	}
 	p.wg.Go(func() { p.srv.Serve(p.ctx) })
 	return p
 }
+
+// stopAccepting keeps a UDP port open: flows have no accept to stop, and
+// end with the port.
+func (p *udpPort) stopAccepting() {}
 
 func (p *udpPort) stop() {
 	p.cancel()

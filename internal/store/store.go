@@ -270,6 +270,25 @@ func (s *Store) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue
 	return kv, nil
 }
 
+// ExpiringKeyValue returns the bucket as KeyValue does, whose keys NATS
+// drops ttl after they were written: records that matter only for a while,
+// such as access codes spent.
+func (s *Store) ExpiringKeyValue(ctx context.Context, bucket string, ttl time.Duration) (jetstream.KeyValue, error) {
+	if s.closing.Load() {
+		return nil, fmt.Errorf("store: bucket %s: %w", bucket, ErrClosed)
+	}
+	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:   bucket,
+		History:  1,
+		TTL:      ttl,
+		Replicas: s.cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
 // Stream returns the JetStream stream cfg describes, creating it or
 // updating its configuration as needed. Replicas is set from the store's
 // configuration.

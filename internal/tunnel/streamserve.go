@@ -29,10 +29,30 @@ type DialService func(ctx context.Context, name string) (net.Conn, error)
 // l.Interval of silence and gives the relay up after l.Interval+l.Timeout.
 // ServeStreams returns once every stream has ended.
 func ServeStreams(ctx context.Context, conn net.Conn, l Liveness, dial DialService) {
+	ServeStreamsAway(ctx, conn, l, dial, nil)
+}
+
+// ServeStreamsAway serves as ServeStreams does, and calls away (when not
+// nil) once the relay sends GOAWAY: the relay drains and opens no more
+// streams here, so that the agent may connect to another relay at once
+// while the streams open here (long TCP connections) run on to their end.
+func ServeStreamsAway(ctx context.Context, conn net.Conn, l Liveness, dial DialService, away func()) {
 	l = l.WithDefaults()
 	ms := mux.New(conn, mux.Config{Client: true, MaxWindow: MaxWindow, PingAfter: l.Interval, DeadAfter: l.Interval + l.Timeout})
 	stop := context.AfterFunc(ctx, func() { ms.Close() })
 	defer stop()
+	if away != nil {
+		watching := make(chan struct{})
+		defer func() { <-watching }()
+		go func() {
+			defer close(watching)
+			select {
+			case <-ms.PeerGoneAway():
+				away()
+			case <-ms.Done():
+			}
+		}()
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer ms.Close()

@@ -1,0 +1,445 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
+	"github.com/switchboard-relay/switchboard/bench/internal/procfleet"
+	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/control"
+)
+
+// path is one way from the clients to the backend.
+type path struct {
+	name         string
+	addr         string          // what the clients dial
+	relay, agent *procfleet.Proc // the processes whose memory is read; nil for direct
+	note         string
+}
+
+// result is what was measured through one path.
+type result struct {
+	mbps               float64
+	rttP50, rttP99     time.Duration
+	setupP50, setupP99 time.Duration
+	err                error
+}
+
+const device, svc = "bench", "echo"
+
+func runPaths(ctx context.Context, cfg *config, dir string) error {
+	bin, err := benchkit.Binary(cfg.bin, dir)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var procs []*procfleet.Proc
+	defer func() {
+		for _, p := range slices.Backward(procs) {
+			p.Stop(10 * time.Second)
+		}
+	}()
+	start := func(name, bin string, args ...string) (*procfleet.Proc, error) {
+		out, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		p, err := procfleet.StartProc(name, bin, args, out)
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}
+	backend := "127.0.0.1:" + benchkit.FreePort()
+	if _, err := start("backend", self, "-serve-backend", backend); err != nil {
+		return err
+	}
+	if err := waitEcho(ctx, backend); err != nil {
+		return fmt.Errorf("backend: %w", err)
+	}
+	paths := []*path{{name: "direct", addr: backend}}
+
+	// The floor: two forwarders.
+	back, front := "127.0.0.1:"+benchkit.FreePort(), "127.0.0.1:"+benchkit.FreePort()
+	fa, err := start("floor-agent", self, "-serve-forward", back, "-to", backend)
+	if err != nil {
+		return err
+	}
+	fr, err := start("floor-relay", self, "-serve-forward", front, "-to", back)
+	if err != nil {
+		return err
+	}
+	paths = append(paths, &path{name: "floor", addr: front, relay: fr, agent: fa})
+
+	// Switchboard: one relay, one agent offering the backend as a TCP service.
+	public, admin := "127.0.0.1:"+benchkit.FreePort(), "127.0.0.1:"+benchkit.FreePort()
+	data := filepath.Join(dir, "relay")
+	relay, err := start("relay", bin, "serve", "--listen", public, "--admin-listen", admin, "--data", data,
+		"--allow-anonymous-agents", "--max-streams-per-device", "1000000", "--drain-timeout", "2s", "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	api, err := waitAPI(ctx, "http://"+admin, filepath.Join(data, "admin.token"))
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	agent, err := start("agent", bin, "agent", "--relay", "http://"+public, "--device", device,
+		"--backend", "http://127.0.0.1:1", "--service", svc+"=tcp://"+backend, "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	user, err := api.CreateToken(ctx, control.TokenRequest{Kind: auth.KindUser, Name: "bench"})
+	if err != nil {
+		return err
+	}
+	tokenFile := filepath.Join(dir, "user.token")
+	if err := os.WriteFile(tokenFile, []byte(user.Token+"\n"), 0o600); err != nil {
+		return err
+	}
+	local := "127.0.0.1:" + benchkit.FreePort()
+	if _, err := start("connect", bin, "connect", "--relay", "http://"+public, "--token-file", tokenFile,
+		"--listen", local, "--log-level", "warn", device+"/"+svc); err != nil {
+		return err
+	}
+	paths = append(paths, &path{name: "connect", addr: local, relay: relay, agent: agent,
+		note: "one more process on the path: switchboard connect's local listener"})
+	mapped, _ := strconv.Atoi(benchkit.FreePort())
+	if _, err := api.AddPort(ctx, control.PortRequest{Port: mapped, Target: device + "/" + svc}); err != nil {
+		return fmt.Errorf("map a port: %w", err)
+	}
+	paths = append(paths, &path{name: "mapped port", addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mapped)), relay: relay, agent: agent})
+
+	for _, p := range cfg.peers {
+		ctl, pub := "127.0.0.1:"+benchkit.FreePort(), "127.0.0.1:"+benchkit.FreePort()
+		host, port, _ := strings.Cut(ctl, ":")
+		srv, err := start(p.name+"-server", p.path, "server", "--host", host, "--port", port, "--reverse")
+		if err != nil {
+			return err
+		}
+		if err := waitListening(ctx, ctl); err != nil {
+			return fmt.Errorf("%s server: %w", p.name, err)
+		}
+		cl, err := start(p.name+"-client", p.path, "client", "http://"+ctl, "R:"+pub+":"+backend)
+		if err != nil {
+			return err
+		}
+		paths = append(paths, &path{name: p.name, addr: pub, relay: srv, agent: cl})
+	}
+	for _, p := range paths {
+		if err := waitEcho(ctx, p.addr); err != nil {
+			return fmt.Errorf("%s: %w (logs in %s with -keep)", p.name, err, dir)
+		}
+	}
+
+	results := map[string]*result{}
+	for _, p := range paths {
+		r := &result{}
+		results[p.name] = r
+		if cfg.tests["stream"] {
+			r.mbps, r.err = throughput(p.addr, int64(cfg.mb)*1_000_000)
+			if r.err == nil {
+				r.rttP50, r.rttP99, r.err = roundTrips(p.addr, cfg.n)
+			}
+		}
+		if cfg.tests["setup"] && r.err == nil {
+			r.setupP50, r.setupP99, r.err = setups(p.addr, cfg.setupN)
+		}
+		fmt.Printf("measured %s\n", p.name)
+	}
+	if cfg.tests["stream"] || cfg.tests["setup"] {
+		printPaths(cfg, paths, results)
+	}
+	if cfg.tests["conns"] {
+		for _, p := range paths {
+			if p.name == "connect" || p.name == "mapped port" {
+				if err := manyConns(ctx, p, cfg.conns); err != nil {
+					fmt.Printf("%d connections through %s: %v\n", cfg.conns, p.name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// waitAPI waits until the relay's operator API answers, and returns a
+// client of it with the relay's admin token.
+func waitAPI(ctx context.Context, adminURL, tokenFile string) (*control.Client, error) {
+	var c *control.Client
+	err := benchkit.Poll(ctx, 20*time.Second, 50*time.Millisecond, func() error {
+		tok, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return err
+		}
+		c = &control.Client{BaseURL: adminURL, Token: strings.TrimSpace(string(tok))}
+		_, err = c.ListPorts(ctx)
+		return err
+	})
+	return c, err
+}
+
+func waitListening(ctx context.Context, addr string) error {
+	return benchkit.Poll(ctx, 20*time.Second, 20*time.Millisecond, func() error {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+}
+
+// waitEcho waits until a round trip through addr comes back.
+func waitEcho(ctx context.Context, addr string) error {
+	return benchkit.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
+		_, err := setupOnce(addr, make([]byte, 32))
+		return err
+	})
+}
+
+// throughput sends n bytes from the backend over one connection and
+// returns MB/s.
+func throughput(addr string, n int64) (float64, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Minute))
+	var hdr [9]byte
+	hdr[0] = cmdSource
+	binary.BigEndian.PutUint64(hdr[1:], uint64(n))
+	start := time.Now()
+	if _, err := c.Write(hdr[:]); err != nil {
+		return 0, err
+	}
+	got, err := io.CopyBuffer(io.Discard, onlyReader{c}, make([]byte, 64<<10))
+	if err != nil {
+		return 0, err
+	}
+	if got != n {
+		return 0, fmt.Errorf("got %d bytes of %d", got, n)
+	}
+	return float64(n) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+// roundTrips times n round trips of 32 bytes on one connection, after 100
+// untimed ones.
+func roundTrips(addr string, n int) (p50, p99 time.Duration, err error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Minute))
+	if _, err := c.Write([]byte{cmdEcho}); err != nil {
+		return 0, 0, err
+	}
+	msg, back := make([]byte, 32), make([]byte, 32)
+	times := make([]time.Duration, 0, n)
+	for i := range n + 100 {
+		t0 := time.Now()
+		if _, err := c.Write(msg); err != nil {
+			return 0, 0, err
+		}
+		if _, err := io.ReadFull(c, back); err != nil {
+			return 0, 0, err
+		}
+		if i >= 100 {
+			times = append(times, time.Since(t0))
+		}
+	}
+	p50, p99 = percentiles(times)
+	return p50, p99, nil
+}
+
+// setups times n new connections, each to its first round trip of 32
+// bytes, after 20 untimed ones.
+func setups(addr string, n int) (p50, p99 time.Duration, err error) {
+	msg := make([]byte, 32)
+	var times []time.Duration
+	for i := range n + 20 {
+		d, err := setupOnce(addr, msg)
+		if err != nil {
+			return 0, 0, err
+		}
+		if i >= 20 {
+			times = append(times, d)
+		}
+	}
+	p50, p99 = percentiles(times)
+	return p50, p99, nil
+}
+
+// setupOnce dials addr and makes one round trip of msg, and returns how
+// long both took.
+func setupOnce(addr string, msg []byte) (time.Duration, error) {
+	t0 := time.Now()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(append([]byte{cmdEcho}, msg...)); err != nil {
+		return 0, err
+	}
+	if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], ds[min(len(ds)-1, len(ds)*99/100)]
+}
+
+// manyConns holds n connections open at once through p, each after one
+// round trip, and reports the relay's and the agent's memory per
+// connection.
+func manyConns(ctx context.Context, p *path, n int) error {
+	relay0, _ := rss(p.relay)
+	agent0, _ := rss(p.agent)
+	conns := make([]net.Conn, n)
+	var mu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	start := time.Now()
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c, err := net.DialTimeout("tcp", p.addr, 10*time.Second)
+			if err == nil {
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				if _, err = c.Write([]byte{cmdEcho, 'x'}); err == nil {
+					_, err = io.ReadFull(c, make([]byte, 1))
+				}
+				c.SetDeadline(time.Time{})
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				if c != nil {
+					c.Close()
+				}
+				return
+			}
+			conns[i] = c
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	open := 0
+	for _, c := range conns {
+		if c != nil {
+			open++
+		}
+	}
+	relay1, _ := rss(p.relay)
+	agent1, _ := rss(p.agent)
+	// One more round trip on each, all open: they all still carry.
+	for _, c := range conns {
+		if c == nil {
+			continue
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := c.Write([]byte{'y'}); err == nil {
+			_, err = io.ReadFull(c, make([]byte, 1))
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	for _, c := range conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+	fmt.Printf("\n%d TCP connections open at once to one device through %s: %d opened in %v (64 at a time), each echoing a byte\n",
+		n, p.name, open, took.Round(time.Millisecond))
+	fmt.Printf("  relay VmRSS %s → %s: %.1f KiB per connection\n", mib(relay0), mib(relay1), float64(relay1-relay0)/1024/float64(max(open, 1)))
+	fmt.Printf("  agent VmRSS %s → %s: %.1f KiB per connection\n", mib(agent0), mib(agent1), float64(agent1-agent0)/1024/float64(max(open, 1)))
+	if firstErr != nil {
+		return fmt.Errorf("%d of %d failed; first: %w", n-open, n, firstErr)
+	}
+	return nil
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// rss reads a process's VmRSS.
+func rss(p *procfleet.Proc) (int64, error) {
+	if p == nil {
+		return 0, nil
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.Pid()) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", p.Pid())
+}
+
+// printPaths prints the paths' table, as markdown.
+func printPaths(cfg *config, paths []*path, res map[string]*result) {
+	direct := res["direct"]
+	var chisel *result
+	for _, p := range cfg.peers {
+		chisel = res[p.name]
+		break
+	}
+	fmt.Printf("\n| path | one stream MB/s | round trip p50 | p99 | setup p50 | p99 | setup added to direct (p50) |\n|---|---|---|---|---|---|---|\n")
+	for _, p := range paths {
+		r := res[p.name]
+		if r.err != nil {
+			fmt.Printf("| %s | failed: %v | | | | | |\n", p.name, r.err)
+			continue
+		}
+		fmt.Printf("| %s | %.0f | %s | %s | %s | %s | %s |\n", p.name, r.mbps, us(r.rttP50), us(r.rttP99), us(r.setupP50), us(r.setupP99), us(r.setupP50-direct.setupP50))
+	}
+	for _, p := range paths {
+		if p.note != "" {
+			fmt.Printf("\n%s: %s\n", p.name, p.note)
+		}
+	}
+	if chisel != nil && chisel.err == nil {
+		for _, name := range []string{"connect", "mapped port"} {
+			r := res[name]
+			if r.err != nil || chisel.mbps == 0 {
+				continue
+			}
+			fmt.Printf("%s against %s: throughput %.2f× (target ≥ 1.5×), round trip p50 %.2f× (target ≤ 1×)\n",
+				name, cfg.peers[0].name, r.mbps/chisel.mbps, float64(r.rttP50)/float64(chisel.rttP50))
+		}
+	}
+}
+
+func us(d time.Duration) string {
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+}
