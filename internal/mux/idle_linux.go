@@ -79,3 +79,71 @@ func (r *rawReader) read(buf []byte, w int) ([]byte, int, error) {
 	}
 	return r.buf, r.n, r.err
 }
+
+// idleSocket reads a socket that a copy waits on (see Copy) with its own
+// system calls, so that the copy holds no buffer while the socket is
+// idle: a buffer is taken when the socket is readable and given back by
+// the copy once its bytes are written.
+type idleSocket struct {
+	raw  syscall.RawConn
+	size int
+	fn   func(fd uintptr) bool
+
+	// The read in progress: the buffer read into, and the outcome.
+	buf []byte
+	n   int
+	err error
+}
+
+// newIdleSocket returns a reader of src's socket, or nil if src has none:
+// src is a syscall.Conn (a *net.TCPConn, or the wrapper of one that
+// net.TCPConn's WriteTo hands to io.Copy). Its reads take buffers of size
+// bytes.
+func newIdleSocket(src io.Reader, size int) *idleSocket {
+	sc, ok := src.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &idleSocket{raw: raw, size: size}
+	s.fn = s.attempt
+	return s
+}
+
+// attempt is one read; false means the socket has nothing: wait.
+func (s *idleSocket) attempt(fd uintptr) bool {
+	buf := getChunk(s.size)
+	for {
+		n, err := syscall.Read(int(fd), buf)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			putChunk(buf) // hold nothing while the socket is idle
+			return false
+		case err != nil:
+			putChunk(buf)
+			s.err = os.NewSyscallError("read", err)
+		case n == 0:
+			putChunk(buf)
+			s.err = io.EOF
+		default:
+			s.buf, s.n = buf, n
+		}
+		return true
+	}
+}
+
+// read waits for the socket's bytes and returns the pooled buffer they
+// were read into (nil if none), their count, and io.EOF at the end. The
+// socket's read deadline holds, as for its Read.
+func (s *idleSocket) read() ([]byte, int, error) {
+	s.buf, s.n, s.err = nil, 0, nil
+	if err := s.raw.Read(s.fn); err != nil {
+		return nil, 0, err
+	}
+	return s.buf, s.n, s.err
+}
