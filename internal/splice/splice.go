@@ -3,6 +3,11 @@
 // writing (EOF), the other side's writing is closed in turn (half-close),
 // so that protocols that speak after a half-close (a request whose end is
 // the client's FIN) keep working.
+//
+// An idle join holds no copy buffer: each direction is a mux.Copy, which
+// waits for bytes on sockets and tunnel streams before taking a buffer, so
+// that ten thousand idle joined connections cost their goroutines' stacks
+// and little else.
 package splice
 
 import (
@@ -10,6 +15,8 @@ import (
 	"io"
 	"net"
 	"sync"
+
+	"github.com/switchboard-relay/switchboard/internal/mux"
 )
 
 // closeWriter is a connection whose writing can end on its own: TCP, TLS,
@@ -26,8 +33,9 @@ type Result struct {
 }
 
 // Join copies a to b and b to a until both directions end, then closes
-// both. A failed direction closes both at once, which ends the other.
-func Join(a, b net.Conn) Result {
+// both. A failed direction closes both at once, which ends the other. It
+// runs one goroutine besides the caller's.
+func Join(a, b io.ReadWriteCloser) Result {
 	var res Result
 	var once sync.Once
 	fail := func(err error) {
@@ -51,8 +59,8 @@ func Join(a, b net.Conn) Result {
 
 // pipe copies src to dst, then ends dst's writing; it reports a failure
 // (not the end of src) to fail.
-func pipe(dst, src net.Conn, fail func(error)) int64 {
-	n, err := io.Copy(dst, src)
+func pipe(dst, src io.ReadWriteCloser, fail func(error)) int64 {
+	n, err := mux.Copy(dst, src)
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		fail(err)
 		return n
