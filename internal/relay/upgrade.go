@@ -39,7 +39,7 @@ type upgradeKey struct{}
 // upgrade is one upgrade request's hand-over.
 type upgrade struct {
 	h     *Handler
-	w     http.ResponseWriter // the user's, to hijack
+	w     http.ResponseWriter // the user's, to hijack; nil once hijacked
 	proto string              // the protocol the user asked for
 	ctx   context.Context     // the forwarded request's, detached from the handler
 	// release ends ctx; early, bound to the handler's context, calls it
@@ -103,8 +103,10 @@ func (u *upgrade) take(resp *http.Response) error {
 		}
 		return fmt.Errorf("hijack the user's connection to switch protocols: %w", err)
 	}
-	copyHeader(u.w.Header(), resp.Header)
-	resp.Header = u.w.Header()
+	header := u.w.Header()
+	u.w = nil // the server's state for the request, its buffers among it, goes with the handler
+	copyHeader(header, resp.Header)
+	resp.Header = header
 	resp.Body = nil // so that Write writes the head alone
 	err = resp.Write(brw)
 	if err == nil {
