@@ -99,9 +99,10 @@ func TestIdleCopiesHoldNoBuffer(t *testing.T) {
 		}
 	}
 	testkit.Eventually(t, 5*time.Second, func() error {
-		// Four idle copies per pair: a held 16 KiB buffer would be 16 KiB.
-		if per := heapPerCopy(base, copies); per > 8<<10 {
-			return fmt.Errorf("%d bytes of heap per pair of idle websockets' copies, want under 8 KiB", per)
+		// Four idle copies per pair, their sockets, streams and goroutines: one
+		// held buffer would add 16 KiB at least.
+		if per := heapPerCopy(base, copies); per > 12<<10 {
+			return fmt.Errorf("%d bytes of heap per pair of idle websockets' copies, want under 12 KiB", per)
 		}
 		return nil
 	})
@@ -217,4 +218,48 @@ func TestReadFromDeadlineAndClose(t *testing.T) {
 	if _, err := st.ReadFrom(front); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("ReadFrom into a closed stream: %v", err)
 	}
+}
+
+// A session that was busy holds, once idle again, neither the map of its
+// streams nor the writer's larger arrays.
+func TestIdleSessionLetsGoOfABurst(t *testing.T) {
+	client, server := tcpSessions(t)
+	go echoServer(server)
+	var streams []*Stream
+	for range 200 {
+		st, err := client.Open(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	errs := make(chan error, len(streams))
+	for _, st := range streams {
+		go func() {
+			_, err := st.Write([]byte("burst"))
+			errs <- err
+		}()
+	}
+	for _, st := range streams {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		st.CloseWrite()
+		if _, err := io.ReadAll(st); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+	}
+	testkit.Eventually(t, 5*time.Second, func() error {
+		client.mu.Lock()
+		streams, pings := client.streams, client.pings
+		client.mu.Unlock()
+		client.w.mu.Lock()
+		queue, spare, bufs := cap(client.w.queue), cap(client.w.spare), cap(client.w.bufs)
+		client.w.mu.Unlock()
+		if streams != nil || pings != nil || queue > keepFrames || spare > keepFrames || bufs > 2*keepFrames {
+			return fmt.Errorf("idle session holds streams %v, pings %v, writer arrays of %d, %d and %d", streams, pings, queue, spare, bufs)
+		}
+		return nil
+	})
 }
