@@ -31,15 +31,17 @@ func (st *Stream) WriteTo(w io.Writer) (int64, error) {
 	if err := st.flushOpen(); err != nil {
 		return 0, err
 	}
-	var total int64
+	return loop(st.writeStep(w))
+}
+
+// writeStep returns a step that waits for received bytes and writes them
+// to w.
+func (st *Stream) writeStep(w io.Writer) func() (int, error) {
 	var spare net.Buffers // reused between writes; WriteTo consumes what it is given
-	for {
+	return func() (int, error) {
 		chunks, roff, n, err := st.takeChunks()
 		if err != nil {
-			if err == io.EOF {
-				err = nil
-			}
-			return total, err
+			return 0, err
 		}
 		bufs := append(spare[:0], chunks...)
 		spare = bufs
@@ -49,9 +51,9 @@ func (st *Stream) WriteTo(w io.Writer) (int64, error) {
 			putChunk(c)
 		}
 		if err != nil {
-			return total, err
+			return 0, err
 		}
-		total += int64(n)
+		return n, nil
 	}
 }
 
@@ -78,7 +80,7 @@ func (st *Stream) takeChunks() ([][]byte, int, int, error) {
 // such as a *net.TCPConn or the wrapper that net.TCPConn's WriteTo hands
 // to io.Copy — it waits for r to become readable holding no buffer, and
 // takes a pooled one only to move bytes. Otherwise see Copy.
-func (st *Stream) ReadFrom(r io.Reader) (int64, error) { return copyIdle(st, r) }
+func (st *Stream) ReadFrom(r io.Reader) (int64, error) { return loop(readStep(st, r)) }
 
 // Copy copies src to dst until src ends, as io.Copy does, holding no copy
 // buffer while src is idle wherever it can tell when src has bytes:
@@ -96,17 +98,73 @@ func (st *Stream) ReadFrom(r io.Reader) (int64, error) { return copyIdle(st, r) 
 //     body once its read buffer is drained); other readers return at
 //     once, and the copy then waits holding a 16 KiB buffer.
 func Copy(dst io.Writer, src io.Reader) (int64, error) {
+	step, whole := plan(dst, src)
+	if whole != nil {
+		return whole()
+	}
+	return loop(step)
+}
+
+// Go copies src to dst as Copy does, in goroutines of its own, and then
+// calls done with what Copy would return. Each wait for src's bytes
+// begins in a fresh goroutine, which takes over from the one that wrote
+// the bytes before: an idle copy so holds one goroutine whose stack is
+// small, where a goroutine that waits after writing keeps the stack it
+// grew to write (the writes to a socket or a stream are deep) until the
+// runtime shrinks it, if it ever does. A copy that Copy would hand to
+// WriteTo or ReadFrom of a type other than Stream runs in one goroutine.
+func Go(dst io.Writer, src io.Reader, done func(int64, error)) {
+	step, whole := plan(dst, src)
+	if whole != nil {
+		go func() { done(whole()) }()
+		return
+	}
+	c := &stepper{step: step, done: done}
+	go c.run()
+}
+
+// stepper runs a copy's steps, each in a goroutine of its own.
+type stepper struct {
+	step  func() (int, error)
+	done  func(int64, error)
+	total int64 // touched by one goroutine at a time, each started by the last
+}
+
+func (c *stepper) run() {
+	n, err := c.step()
+	c.total += int64(n)
+	if err != nil {
+		if err == io.EOF {
+			err = nil
+		}
+		c.done(c.total, err)
+		return
+	}
+	go c.run()
+}
+
+// plan decides how Copy copies src to dst: in steps, or as a whole by
+// the WriteTo or ReadFrom of another type.
+func plan(dst io.Writer, src io.Reader) (step func() (int, error), whole func() (int64, error)) {
 	srcSocket, dstSocket := kernelSocket(src), kernelSocket(dst)
+	if st, ok := src.(*Stream); ok {
+		if err := st.flushOpen(); err != nil {
+			return nil, func() (int64, error) { return 0, err }
+		}
+		return st.writeStep(dst), nil
+	}
 	if wt, ok := src.(io.WriterTo); ok && !srcSocket {
-		return wt.WriteTo(dst)
+		return nil, func() (int64, error) { return wt.WriteTo(dst) }
 	}
 	if rf, ok := dst.(io.ReaderFrom); ok && !dstSocket {
-		return rf.ReadFrom(src)
+		if _, ok := dst.(*Stream); !ok {
+			return nil, func() (int64, error) { return rf.ReadFrom(src) }
+		}
 	}
 	if srcSocket && dstSocket {
-		return io.Copy(dst, src)
+		return nil, func() (int64, error) { return io.Copy(dst, src) }
 	}
-	return copyIdle(dst, src)
+	return readStep(dst, src), nil
 }
 
 // kernelSocket reports whether c is one of the net package's sockets,
@@ -120,42 +178,45 @@ func kernelSocket(c any) bool {
 	return false
 }
 
-// copyIdle copies src to dst, waiting for src's bytes holding no buffer
-// where it can (see Copy).
-func copyIdle(dst io.Writer, src io.Reader) (int64, error) {
-	if s := newIdleSocket(src, copyChunk); s != nil {
-		return copyFrom(dst, s.read)
-	}
-	return copyFrom(dst, func() ([]byte, int, error) {
+// readStep returns a step that waits for src's bytes, holding no buffer
+// where it can (see Copy), and writes them to dst.
+func readStep(dst io.Writer, src io.Reader) func() (int, error) {
+	read := func() ([]byte, int, error) {
 		if _, err := src.Read(nil); err != nil {
 			return nil, 0, err
 		}
 		buf := getChunk(heldChunk)
 		n, err := src.Read(buf)
 		return buf, n, err
-	})
-}
-
-// copyFrom writes to dst what read returns until it fails; read returns a
-// pooled buffer (or nil) and the bytes in it, and io.EOF at the end.
-func copyFrom(dst io.Writer, read func() ([]byte, int, error)) (int64, error) {
-	var total int64
-	for {
+	}
+	if s := newIdleSocket(src, copyChunk); s != nil {
+		read = s.read
+	}
+	return func() (int, error) {
 		buf, n, err := read()
 		if n > 0 {
 			k, werr := dst.Write(buf[:n])
-			total += int64(k)
 			if werr == nil && k < n {
 				werr = io.ErrShortWrite
 			}
 			if werr != nil {
-				putChunk(buf)
-				return total, werr
+				err = werr
 			}
+			n = k
 		}
 		if buf != nil {
 			putChunk(buf)
 		}
+		return n, err
+	}
+}
+
+// loop runs step until it fails; io.EOF is the copy's end.
+func loop(step func() (int, error)) (int64, error) {
+	var total int64
+	for {
+		n, err := step()
+		total += int64(n)
 		if err != nil {
 			if err == io.EOF {
 				err = nil

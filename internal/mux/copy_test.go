@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -240,10 +241,12 @@ func TestIdleSessionLetsGoOfABurst(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for _, st := range streams {
+	for range streams {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+	for _, st := range streams {
 		st.CloseWrite()
 		if _, err := io.ReadAll(st); err != nil {
 			t.Fatal(err)
@@ -262,4 +265,65 @@ func TestIdleSessionLetsGoOfABurst(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Copies run by Go wait on small stacks: the goroutine that wrote is gone
+// by the time the next wait begins (a Copy's goroutine keeps the stack it
+// grew to write, about 4 KiB).
+func TestGoWaitsOnSmallStacks(t *testing.T) {
+	const pairs = 100
+	limit := int64(3 << 10)
+	if raceEnabled {
+		limit = 6 << 10 // the race detector's stacks are larger
+	}
+	client, server := tcpSessions(t)
+	stacks := func() int64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.StackInuse)
+	}
+	base := stacks()
+	var wg sync.WaitGroup
+	done := func(int64, error) { wg.Done() }
+	var users, services []net.Conn
+	var closers []io.Closer
+	for range pairs {
+		user, front := tcpPair(t)
+		back, service := tcpPair(t)
+		st, peer := streamPair(t, client, server)
+		wg.Add(4)
+		Go(st, front, done)
+		Go(front, st, done)
+		Go(back, peer, done)
+		Go(peer, back, done)
+		users, services = append(users, user), append(services, service)
+		closers = append(closers, front, back, st, peer)
+	}
+	for i := range users {
+		msg := fmt.Appendf(nil, "hello %d", i)
+		users[i].Write(msg)
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(services[i], got); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("copy %d to the service: %q, %v", i, got, err)
+		}
+		services[i].Write(msg)
+		if _, err := io.ReadFull(users[i], got); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("copy %d back to the user: %q, %v", i, got, err)
+		}
+	}
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if per := (stacks() - base) / (4 * pairs); per > limit {
+			return fmt.Errorf("%d bytes of stack per idle copy, want at most %d", per, limit)
+		}
+		return nil
+	})
+	for i := range users {
+		users[i].Close()
+		services[i].Close()
+	}
+	for _, c := range closers {
+		c.Close()
+	}
+	wg.Wait()
 }

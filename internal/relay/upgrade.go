@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 
@@ -19,9 +18,10 @@ import (
 // proxy, whose copies hold a 32 KiB buffer each way and keep the
 // handler's goroutine, with its deep stack, waiting for the connection's
 // life: modifyResponse hijacks the user's connection, writes the 101,
-// joins the two with splice.Join (copies that hold no buffer while idle:
-// two small goroutines) and returns errUpgraded, which ends the proxy's
-// part and the handler.
+// joins the two with splice.Start (copies that hold no buffer while idle,
+// in two small goroutines) and returns errUpgraded, which ends the proxy's
+// part and the handler. Revocation (the end of the detached context, see
+// below) closes both sides.
 //
 // The upgraded connection outlives the handler, so the request's context
 // is detached from the handler's (Config.Detach) before it is forwarded:
@@ -120,34 +120,29 @@ func (u *upgrade) take(resp *http.Response) error {
 		u.h.cfg.Logger.Debug("upgrade: writing the 101 failed", logkey.Err, err)
 		return errUpgraded
 	}
-	var pending []byte // what the user sent after its request, read with it
-	if n := brw.Reader.Buffered(); n > 0 {
-		b, _ := brw.Reader.Peek(n)
-		pending = append(pending, b...)
-	}
 	u.taken = true
-	go u.join(user, back, pending)
-	return errUpgraded
-}
-
-// join carries the upgraded connection until both its directions end, or
-// its context does.
-func (u *upgrade) join(user net.Conn, back io.ReadWriteCloser, pending []byte) {
-	defer u.untrack()
-	defer u.release()
+	if n := brw.Reader.Buffered(); n > 0 {
+		// What the user sent right behind its request, read with it, goes
+		// first.
+		pending, _ := brw.Reader.Peek(n)
+		if _, err := back.Write(pending); err != nil {
+			user.Close()
+			back.Close()
+			u.release()
+			u.untrack()
+			return errUpgraded
+		}
+	}
 	stop := context.AfterFunc(u.ctx, func() {
 		user.Close()
 		back.Close()
 	})
-	defer stop()
-	if len(pending) > 0 {
-		if _, err := back.Write(pending); err != nil {
-			user.Close()
-			back.Close()
-			return
-		}
-	}
-	splice.Join(user, back)
+	splice.Start(user, back, func(splice.Result) {
+		stop()
+		u.release()
+		u.untrack()
+	})
+	return errUpgraded
 }
 
 // upgradeType returns the protocol h asks to switch to, or "".

@@ -81,14 +81,13 @@ func upgradeRelay(t *testing.T, backend string, cfg Config) (*Handler, string, <
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				conn, err := net.Dial("tcp", backend)
-				if err != nil {
-					st.Reset(mux.CodeRefused)
-					return
-				}
-				splice.Join(st, conn)
-			})
+			conn, err := net.Dial("tcp", backend)
+			if err != nil {
+				st.Reset(mux.CodeRefused)
+				continue
+			}
+			wg.Add(1)
+			splice.Start(st, conn, func(splice.Result) { wg.Done() })
 		}
 	})
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
