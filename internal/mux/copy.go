@@ -12,15 +12,30 @@ import (
 // once the bytes are written. An idle websocket or TCP connection joined
 // to a stream so costs its goroutines' stacks and no copy buffers.
 
-// Sizes of the pooled buffers a copy reads into.
+// readSize picks the size of the pooled buffer a copy reads into by what
+// its reads brought: 4 KiB to begin with and for a websocket's small
+// messages, up to one DATA frame (64 KiB) for a bulk transfer, so that
+// ten thousand copies woken at once take small buffers, and a transfer
+// takes few system calls.
+type readSize struct{ class int } // an index into chunkSizes
+
 const (
-	// copyChunk is read from a socket once it is readable: one DATA frame.
-	copyChunk = DefaultWriteFrame
-	// heldChunk is read from a source that cannot say when it has bytes
-	// (a TLS connection), and so is held while the copy waits: 16 KiB,
-	// the most one TLS record carries.
-	heldChunk = 16 << 10
+	minReadClass = 1 // 4 KiB
+	maxReadClass = 3 // 64 KiB, DefaultWriteFrame
 )
+
+func (r *readSize) size() int { return chunkSizes[max(r.class, minReadClass)] }
+
+// saw adapts the size to a read of n bytes into a buffer of size().
+func (r *readSize) saw(n int) {
+	size := r.size()
+	switch {
+	case n == size && r.class < maxReadClass:
+		r.class = max(r.class, minReadClass) + 1
+	case n < size/4 && r.class > minReadClass:
+		r.class--
+	}
+}
 
 // WriteTo writes what the peer writes to w until the peer's CloseWrite,
 // handing over received chunks without a copy of its own; while the
@@ -96,7 +111,8 @@ func (st *Stream) ReadFrom(r io.Reader) (int64, error) { return loop(readStep(st
 //     bytes on readers that wait for empty reads (streams, and wrappers
 //     that pass reads on: an HTTP/2 body, an upgraded HTTP/1 connection's
 //     body once its read buffer is drained); other readers return at
-//     once, and the copy then waits holding a 16 KiB buffer.
+//     once, and the copy then waits holding its buffer (4 KiB, more
+//     while bytes stream).
 func Copy(dst io.Writer, src io.Reader) (int64, error) {
 	step, whole := plan(dst, src)
 	if whole != nil {
@@ -181,15 +197,17 @@ func kernelSocket(c any) bool {
 // readStep returns a step that waits for src's bytes, holding no buffer
 // where it can (see Copy), and writes them to dst.
 func readStep(dst io.Writer, src io.Reader) func() (int, error) {
+	var sizes readSize
 	read := func() ([]byte, int, error) {
 		if _, err := src.Read(nil); err != nil {
 			return nil, 0, err
 		}
-		buf := getChunk(heldChunk)
+		buf := getChunk(sizes.size())
 		n, err := src.Read(buf)
+		sizes.saw(n)
 		return buf, n, err
 	}
-	if s := newIdleSocket(src, copyChunk); s != nil {
+	if s := newIdleSocket(src, &sizes); s != nil {
 		read = s.read
 	}
 	return func() (int, error) {

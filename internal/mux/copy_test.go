@@ -327,3 +327,27 @@ func TestGoWaitsOnSmallStacks(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A copy's read buffer starts at 4 KiB, grows while reads fill it, up to
+// a frame, and shrinks again when they bring little.
+func TestReadSizeFollowsTheReads(t *testing.T) {
+	var r readSize
+	for i, tt := range []struct{ read, next int }{
+		{0, 4 << 10},
+		{100, 4 << 10},
+		{4 << 10, 16 << 10},
+		{16 << 10, 64 << 10},
+		{64 << 10, 64 << 10},
+		{20 << 10, 64 << 10},
+		{100, 16 << 10},
+		{100, 4 << 10},
+		{100, 4 << 10},
+	} {
+		if tt.read > 0 || i > 0 {
+			r.saw(tt.read)
+		}
+		if got := r.size(); got != tt.next {
+			t.Fatalf("step %d: after a read of %d, size %d, want %d", i, tt.read, got, tt.next)
+		}
+	}
+}

@@ -85,9 +85,9 @@ func (r *rawReader) read(buf []byte, w int) ([]byte, int, error) {
 // idle: a buffer is taken when the socket is readable and given back by
 // the copy once its bytes are written.
 type idleSocket struct {
-	raw  syscall.RawConn
-	size int
-	fn   func(fd uintptr) bool
+	raw   syscall.RawConn
+	sizes *readSize // the size of the buffers it reads into
+	fn    func(fd uintptr) bool
 
 	// The read in progress: the buffer read into, and the outcome.
 	buf []byte
@@ -97,9 +97,9 @@ type idleSocket struct {
 
 // newIdleSocket returns a reader of src's socket, or nil if src has none:
 // src is a syscall.Conn (a *net.TCPConn, or the wrapper of one that
-// net.TCPConn's WriteTo hands to io.Copy). Its reads take buffers of size
-// bytes.
-func newIdleSocket(src io.Reader, size int) *idleSocket {
+// net.TCPConn's WriteTo hands to io.Copy). Its reads take buffers of the
+// sizes sizes says, and tell it what they read.
+func newIdleSocket(src io.Reader, sizes *readSize) *idleSocket {
 	sc, ok := src.(syscall.Conn)
 	if !ok {
 		return nil
@@ -108,14 +108,14 @@ func newIdleSocket(src io.Reader, size int) *idleSocket {
 	if err != nil {
 		return nil
 	}
-	s := &idleSocket{raw: raw, size: size}
+	s := &idleSocket{raw: raw, sizes: sizes}
 	s.fn = s.attempt
 	return s
 }
 
 // attempt is one read; false means the socket has nothing: wait.
 func (s *idleSocket) attempt(fd uintptr) bool {
-	buf := getChunk(s.size)
+	buf := getChunk(s.sizes.size())
 	for {
 		n, err := syscall.Read(int(fd), buf)
 		switch {
@@ -132,6 +132,7 @@ func (s *idleSocket) attempt(fd uintptr) bool {
 			s.err = io.EOF
 		default:
 			s.buf, s.n = buf, n
+			s.sizes.saw(n)
 		}
 		return true
 	}

@@ -19,6 +19,6 @@ func (*rawReader) read(buf []byte, w int) ([]byte, int, error) { panic("unreacha
 // buffer while it waits.
 type idleSocket struct{}
 
-func newIdleSocket(io.Reader, int) *idleSocket { return nil }
+func newIdleSocket(io.Reader, *readSize) *idleSocket { return nil }
 
 func (*idleSocket) read() ([]byte, int, error) { panic("unreachable") }
