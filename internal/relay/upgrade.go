@@ -98,10 +98,7 @@ func (u *upgrade) take(resp *http.Response) error {
 	user, brw, err := http.NewResponseController(u.w).Hijack()
 	if err != nil {
 		u.release() // the handler returns with ctx ended, as when the user is gone
-		if errors.Is(err, http.ErrNotSupported) {
-			return fmt.Errorf("cannot switch protocols over %s", resp.Request.Proto)
-		}
-		return fmt.Errorf("hijack the user's connection to switch protocols: %w", err)
+		return fmt.Errorf("the user's connection cannot switch protocols: %w", err)
 	}
 	header := u.w.Header()
 	u.w = nil // the server's state for the request, its buffers among it, goes with the handler
