@@ -263,3 +263,46 @@ func TestIdleUpgradesAreCheap(t *testing.T) {
 		return nil
 	})
 }
+
+// A user's half-close reaches a device whose side can be half-closed,
+// which still answers, as through httputil.ReverseProxy.
+func TestUpgradeHalfClose(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	device := make(chan net.Conn, 1)
+	h := NewHandler(Config{
+		Agents: http.NotFoundHandler(), Tunnels: http.NotFoundHandler(),
+		Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			relaySide, deviceSide := tcpPair(t)
+			device <- deviceSide
+			return &http.Response{
+				StatusCode: http.StatusSwitchingProtocols, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header:  http.Header{"Connection": {"Upgrade"}, "Upgrade": {"echo"}},
+				Body:    relaySide.(*net.TCPConn), // a body that can be half-closed, as version 1's is
+				Request: r,
+			}, nil
+		}),
+	})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c, br, resp := dialUpgrade(t, srv.Listener.Addr().String(), "echo", "")
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("answer %s", resp.Status)
+	}
+	d := <-device
+	defer d.Close()
+	io.WriteString(c, "question")
+	c.(*net.TCPConn).CloseWrite()
+	d.SetDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(d); err != nil || string(got) != "question" {
+		t.Fatalf("the device read %q, %v; want the question, then the end", got, err)
+	}
+	io.WriteString(d, "answer")
+	d.(*net.TCPConn).CloseWrite()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(br); err != nil || string(got) != "answer" {
+		t.Fatalf("the user read %q, %v; want the answer after its half-close", got, err)
+	}
+	if err := h.WaitIdle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
