@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,7 +59,8 @@ func heapNow() uint64 {
 // Idle copies between sockets and streams hold no copy buffer: a stream
 // reading from a TCP socket (ReadFrom, here reached through io.Copy and
 // net.TCPConn's WriteTo, as splice and net/http reach it), and Copy
-// waiting on a stream behind a wrapper that hides its WriteTo.
+// waiting on a stream, or on a WaitingConn, behind a wrapper that hides
+// what they are.
 func TestIdleCopiesHoldNoBuffer(t *testing.T) {
 	const copies = 64
 	client, server := tcpSessions(t)
@@ -76,7 +78,7 @@ func TestIdleCopiesHoldNoBuffer(t *testing.T) {
 		go func() { _, err := io.Copy(st, front); j.done <- err }()
 		go func() { _, err := Copy(front, hidden{st}); j.done <- err }()
 		go func() { _, err := Copy(back, peer); j.done <- err }()
-		go func() { _, err := Copy(peer, back); j.done <- err }()
+		go func() { _, err := Copy(peer, hidden{WaitingConn(back)}); j.done <- err }() // a socket behind a wrapper
 		t.Cleanup(func() {
 			for _, c := range []net.Conn{user, front, back, service} {
 				c.Close()
@@ -350,4 +352,67 @@ func TestReadSizeFollowsTheReads(t *testing.T) {
 			t.Fatalf("step %d: after a read of %d, size %d, want %d", i, tt.read, got, tt.next)
 		}
 	}
+}
+
+// A WaitingConn's empty read waits for bytes and reads none of them; at
+// the socket's end it returns, and the next read finds the end.
+func TestWaitingConnReadsNothing(t *testing.T) {
+	a, b := tcpPair(t)
+	defer a.Close()
+	w := WaitingConn(a)
+	b.Write([]byte("hello"))
+	if n, err := w.Read(nil); n != 0 || err != nil {
+		t.Fatalf("empty read: %d, %v", n, err)
+	}
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(w, got); err != nil || string(got) != "hello" {
+		t.Fatalf("read after the empty one: %q, %v", got, err)
+	}
+	b.Close()
+	if _, err := w.Read(nil); err != nil {
+		t.Fatalf("empty read at the end: %v", err)
+	}
+	if _, err := w.Read(got); err != io.EOF {
+		t.Fatalf("read at the end: %v, want io.EOF", err)
+	}
+}
+
+// readWatch records the size of the read in progress on its conn.
+type readWatch struct {
+	net.Conn
+	inflight atomic.Int64 // -1: none
+}
+
+func (r *readWatch) Read(p []byte) (int, error) {
+	r.inflight.Store(int64(len(p)))
+	defer r.inflight.Store(-1)
+	return r.Conn.Read(p)
+}
+
+// A Copy from a wrapped WaitingConn waits in an empty read, holding no
+// buffer, between bursts.
+func TestCopyWaitsInAnEmptyRead(t *testing.T) {
+	a, b := tcpPair(t)
+	out, in := tcpPair(t)
+	defer in.Close()
+	src := &readWatch{Conn: WaitingConn(a)}
+	src.inflight.Store(-1)
+	done := make(chan error, 1)
+	go func() { _, err := Copy(out, src); out.Close(); done <- err }()
+	b.Write([]byte("hello"))
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(in, got); err != nil || string(got) != "hello" {
+		t.Fatalf("copied %q, %v", got, err)
+	}
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if n := src.inflight.Load(); n != 0 {
+			return fmt.Errorf("the idle copy waits in a read of %d bytes, want an empty one", n)
+		}
+		return nil
+	})
+	b.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
 }

@@ -148,3 +148,54 @@ func (s *idleSocket) read() ([]byte, int, error) {
 	}
 	return s.buf, s.n, s.err
 }
+
+// WaitingConn returns c, a socket, with empty reads that wait until c has
+// bytes to read (or its end) and read nothing: a Copy from something that
+// wraps c and passes empty reads on (the body of an upgraded HTTP/1
+// connection, once its read buffer is drained) so waits holding no
+// buffer. A connection that is not a socket is returned as it is.
+func WaitingConn(c net.Conn) net.Conn {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return c
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	w := &waitingConn{Conn: c, raw: raw}
+	w.fn = w.peek
+	return w
+}
+
+type waitingConn struct {
+	net.Conn
+	raw syscall.RawConn
+	fn  func(fd uintptr) bool
+	one [1]byte // what a peek reads into; reads are not concurrent
+}
+
+func (c *waitingConn) Read(p []byte) (int, error) {
+	if len(p) > 0 {
+		return c.Conn.Read(p)
+	}
+	if err := c.raw.Read(c.fn); err != nil {
+		return 0, err
+	}
+	return 0, nil // the next read finds the bytes, the end or the error
+}
+
+// peek reports whether the socket has something for a read: bytes, its
+// end or an error.
+func (c *waitingConn) peek(fd uintptr) bool {
+	for {
+		_, _, err := syscall.Recvfrom(int(fd), c.one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch err {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		return true
+	}
+}
