@@ -27,6 +27,7 @@ type Sessions struct {
 type binding struct {
 	cancel  context.CancelCauseFunc
 	tokenID string // "" until bound; guarded by Sessions.mu
+	revoked bool   // its token was revoked; guarded by Sessions.mu
 }
 
 type bindingKey struct{}
@@ -62,6 +63,10 @@ func (s *Sessions) Bind(ctx context.Context, tokenID string) {
 	if b.tokenID != "" {
 		s.removeLocked(b)
 	}
+	s.bindLocked(b, tokenID)
+}
+
+func (s *Sessions) bindLocked(b *binding, tokenID string) {
 	b.tokenID = tokenID
 	if s.byTok == nil {
 		s.byTok = map[string]map[*binding]struct{}{}
@@ -74,6 +79,32 @@ func (s *Sessions) Bind(ctx context.Context, tokenID string) {
 	set[b] = struct{}{}
 }
 
+// Detach returns a context for what outlives the handler of the request
+// of ctx (an upgraded connection, whose handler returns once it is handed
+// over): it keeps ctx's values but not its end, and is cancelled, with
+// cause ErrRevoked, when the token the request is filed under is revoked
+// (at once if it was already). Calling end files it away and cancels it.
+func (s *Sessions) Detach(ctx context.Context) (_ context.Context, end context.CancelFunc) {
+	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	b, ok := ctx.Value(bindingKey{}).(*binding)
+	if !ok {
+		return dctx, func() { cancel(nil) }
+	}
+	d := &binding{cancel: cancel}
+	s.mu.Lock()
+	switch {
+	case b.revoked:
+		cancel(ErrRevoked)
+	case b.tokenID != "":
+		s.bindLocked(d, b.tokenID)
+	}
+	s.mu.Unlock()
+	return dctx, func() {
+		s.unbind(d)
+		cancel(nil)
+	}
+}
+
 // Revoke cuts every request filed under tokenID and returns how many.
 func (s *Sessions) Revoke(tokenID string) int {
 	s.mu.Lock()
@@ -81,6 +112,7 @@ func (s *Sessions) Revoke(tokenID string) int {
 	delete(s.byTok, tokenID)
 	for b := range set {
 		b.tokenID = ""
+		b.revoked = true
 	}
 	s.mu.Unlock()
 	for b := range set {

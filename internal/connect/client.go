@@ -273,3 +273,8 @@ func (s *stream) WriteTo(w io.Writer) (int64, error) {
 	n, err := s.Stream.WriteTo(w)
 	return n, errorOf(err)
 }
+
+func (s *stream) ReadFrom(r io.Reader) (int64, error) {
+	n, err := s.Stream.ReadFrom(r)
+	return n, errorOf(err)
+}

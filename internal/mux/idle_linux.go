@@ -79,3 +79,123 @@ func (r *rawReader) read(buf []byte, w int) ([]byte, int, error) {
 	}
 	return r.buf, r.n, r.err
 }
+
+// idleSocket reads a socket that a copy waits on (see Copy) with its own
+// system calls, so that the copy holds no buffer while the socket is
+// idle: a buffer is taken when the socket is readable and given back by
+// the copy once its bytes are written.
+type idleSocket struct {
+	raw   syscall.RawConn
+	sizes *readSize // the size of the buffers it reads into
+	fn    func(fd uintptr) bool
+
+	// The read in progress: the buffer read into, and the outcome.
+	buf []byte
+	n   int
+	err error
+}
+
+// newIdleSocket returns a reader of src's socket, or nil if src has none:
+// src is a syscall.Conn (a *net.TCPConn, or the wrapper of one that
+// net.TCPConn's WriteTo hands to io.Copy). Its reads take buffers of the
+// sizes sizes says, and tell it what they read.
+func newIdleSocket(src io.Reader, sizes *readSize) *idleSocket {
+	sc, ok := src.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &idleSocket{raw: raw, sizes: sizes}
+	s.fn = s.attempt
+	return s
+}
+
+// attempt is one read; false means the socket has nothing: wait.
+func (s *idleSocket) attempt(fd uintptr) bool {
+	buf := getChunk(s.sizes.size())
+	for {
+		n, err := syscall.Read(int(fd), buf)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			putChunk(buf) // hold nothing while the socket is idle
+			return false
+		case err != nil:
+			putChunk(buf)
+			s.err = os.NewSyscallError("read", err)
+		case n == 0:
+			putChunk(buf)
+			s.err = io.EOF
+		default:
+			s.buf, s.n = buf, n
+			s.sizes.saw(n)
+		}
+		return true
+	}
+}
+
+// read waits for the socket's bytes and returns the pooled buffer they
+// were read into (nil if none), their count, and io.EOF at the end. The
+// socket's read deadline holds, as for its Read.
+func (s *idleSocket) read() ([]byte, int, error) {
+	s.buf, s.n, s.err = nil, 0, nil
+	if err := s.raw.Read(s.fn); err != nil {
+		return nil, 0, err
+	}
+	return s.buf, s.n, s.err
+}
+
+// WaitingConn returns c, a socket, with empty reads that wait until c has
+// bytes to read (or its end) and read nothing: a Copy from something that
+// wraps c and passes empty reads on (the body of an upgraded HTTP/1
+// connection, once its read buffer is drained) so waits holding no
+// buffer. A connection that is not a socket is returned as it is.
+func WaitingConn(c net.Conn) net.Conn {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return c
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	w := &waitingConn{Conn: c, raw: raw}
+	w.fn = w.peek
+	return w
+}
+
+type waitingConn struct {
+	net.Conn
+	raw syscall.RawConn
+	fn  func(fd uintptr) bool
+	one [1]byte // what a peek reads into; reads are not concurrent
+}
+
+func (c *waitingConn) Read(p []byte) (int, error) {
+	if len(p) > 0 {
+		return c.Conn.Read(p)
+	}
+	if err := c.raw.Read(c.fn); err != nil {
+		return 0, err
+	}
+	return 0, nil // the next read finds the bytes, the end or the error
+}
+
+// peek reports whether the socket has something for a read: bytes, its
+// end or an error.
+func (c *waitingConn) peek(fd uintptr) bool {
+	for {
+		_, _, err := syscall.Recvfrom(int(fd), c.one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch err {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		return true
+	}
+}

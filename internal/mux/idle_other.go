@@ -2,7 +2,10 @@
 
 package mux
 
-import "net"
+import (
+	"io"
+	"net"
+)
 
 // rawReader is Linux-only; elsewhere a session reads through the net.Conn
 // and keeps its read buffer.
@@ -11,3 +14,15 @@ type rawReader struct{}
 func newRawReader(net.Conn) *rawReader { return nil }
 
 func (*rawReader) read(buf []byte, w int) ([]byte, int, error) { panic("unreachable") }
+
+// idleSocket is Linux-only too; elsewhere a copy from a socket holds its
+// buffer while it waits.
+type idleSocket struct{}
+
+func newIdleSocket(io.Reader, *readSize) *idleSocket { return nil }
+
+func (*idleSocket) read() ([]byte, int, error) { panic("unreachable") }
+
+// WaitingConn is Linux-only: elsewhere c is returned as it is, and a copy
+// from what wraps it holds its buffer while it waits.
+func WaitingConn(c net.Conn) net.Conn { return c }

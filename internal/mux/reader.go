@@ -179,7 +179,7 @@ func (s *Session) handleOpen(h header, meta []byte) error {
 		st.rfin = h.flags&flagFin != 0
 		if len(s.backlog) < s.cfg.AcceptBacklog {
 			s.backlog = append(s.backlog, st)
-			s.streams[st.id] = st
+			s.addLocked(st)
 		} else {
 			refuse = true // the backlog is full
 		}

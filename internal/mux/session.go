@@ -92,7 +92,7 @@ type Session struct {
 	cfg  Config
 	w    writer
 
-	acceptable chan struct{} // signalled when a stream is queued for Accept
+	acceptable chan struct{} // signalled when a stream is queued for Accept; nil when streams are refused
 	done       chan struct{}
 	readerDone chan struct{}
 	peerAway   chan struct{} // closed when the peer's first GOAWAY arrives
@@ -101,14 +101,14 @@ type Session struct {
 	start    time.Time
 	window   atomic.Int64 // the receive window a stream grants up to now
 
-	mu       sync.Mutex // guards the fields below
-	streams  map[uint32]*Stream
-	nextID   uint32    // the id of the next stream this end opens
-	peerID   uint32    // the highest id the peer opened
-	goneAway bool      // the peer accepts no new streams
-	err      error     // why the session ended; nil while it runs
-	backlog  []*Stream // streams the peer opened, waiting for Accept
-	pings    map[uint32]chan struct{}
+	mu       sync.Mutex               // guards the fields below
+	streams  map[uint32]*Stream       // nil while there are none
+	nextID   uint32                   // the id of the next stream this end opens
+	peerID   uint32                   // the highest id the peer opened
+	goneAway bool                     // the peer accepts no new streams
+	err      error                    // why the session ended; nil while it runs
+	backlog  []*Stream                // streams the peer opened, waiting for Accept
+	pings    map[uint32]chan struct{} // Ping's, waiting for their answers; nil while none wait
 	pingSeq  uint32
 	bdp      bdpProbe
 	live     *time.Timer
@@ -130,20 +130,23 @@ const bdpPing = 1 << 31
 // Close closes it.
 func New(conn net.Conn, cfg Config) *Session {
 	cfg.complete()
+	// What an idle session holds is allocated as it is needed: the maps
+	// of streams and pings when there are some, Accept's signal when the
+	// peer may open streams, the writer's batches while it writes.
 	s := &Session{
 		conn:       conn,
 		cfg:        cfg,
-		acceptable: make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 		peerAway:   make(chan struct{}),
 		start:      time.Now(),
-		streams:    map[uint32]*Stream{},
-		pings:      map[uint32]chan struct{}{},
 		nextID:     2,
 	}
 	if cfg.Client {
 		s.nextID = 1
+	}
+	if !cfg.RefuseStreams {
+		s.acceptable = make(chan struct{}, 1)
 	}
 	s.window.Store(InitialWindow)
 	s.w.init(s)
@@ -185,7 +188,7 @@ func (s *Session) Open(ctx context.Context, meta []byte) (*Stream, error) {
 	st.opening = true
 	st.open = append([]byte(nil), meta...)
 	s.nextID += 2
-	s.streams[st.id] = st
+	s.addLocked(st)
 	s.mu.Unlock()
 	return st, nil
 }
@@ -227,11 +230,17 @@ func (s *Session) Ping(ctx context.Context) (time.Duration, error) {
 	s.pingSeq = (s.pingSeq + 1) % bdpPing
 	id := s.pingSeq
 	answered := make(chan struct{})
+	if s.pings == nil {
+		s.pings = map[uint32]chan struct{}{}
+	}
 	s.pings[id] = answered
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		delete(s.pings, id)
+		if len(s.pings) == 0 {
+			s.pings = nil
+		}
 		s.mu.Unlock()
 	}()
 	sent := time.Now()
@@ -297,7 +306,7 @@ func (s *Session) fail(err error) {
 	}
 	s.err = err
 	streams := s.streams
-	s.streams = map[uint32]*Stream{}
+	s.streams = nil
 	if s.live != nil {
 		s.live.Stop()
 	}
@@ -350,8 +359,23 @@ func (s *Session) checkLiveness() {
 	}
 }
 
-// removeLocked forgets a stream that is done both ways.
-func (s *Session) removeLocked(id uint32) { delete(s.streams, id) }
+// addLocked adds a stream.
+func (s *Session) addLocked(st *Stream) {
+	if s.streams == nil {
+		s.streams = map[uint32]*Stream{}
+	}
+	s.streams[st.id] = st
+}
+
+// removeLocked forgets a stream that is done both ways. The map goes with
+// the last stream, so that a burst's many streams are not paid for once
+// they are gone.
+func (s *Session) removeLocked(id uint32) {
+	delete(s.streams, id)
+	if len(s.streams) == 0 {
+		s.streams = nil
+	}
+}
 
 func (s *Session) remove(id uint32) {
 	s.mu.Lock()

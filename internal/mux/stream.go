@@ -66,7 +66,9 @@ func signal(c chan struct{}) {
 
 // Read reads what the peer wrote. It returns io.EOF after the peer's
 // CloseWrite (or Close) once every byte is read; a *ResetError if the
-// stream was reset before that.
+// stream was reset before that. A Read with an empty p waits until there
+// is something to read (or the stream ends) and consumes nothing: a copy
+// can wait for the peer without holding a buffer (see Copy).
 func (st *Stream) Read(p []byte) (int, error) {
 	if err := st.flushOpen(); err != nil {
 		return 0, err
@@ -89,46 +91,11 @@ func (st *Stream) Read(p []byte) (int, error) {
 			st.popChunkLocked()
 		}
 	}
+	st.buffered -= n
 	inc := st.consumedLocked(n)
 	st.mu.Unlock()
 	st.grant(inc)
 	return n, nil
-}
-
-// WriteTo writes what the peer writes to w until the peer's CloseWrite,
-// handing over received chunks without a copy of its own.
-func (st *Stream) WriteTo(w io.Writer) (int64, error) {
-	if err := st.flushOpen(); err != nil {
-		return 0, err
-	}
-	var total int64
-	var bufs net.Buffers
-	for {
-		st.mu.Lock()
-		if err := st.waitReadableLocked(); err != nil {
-			st.mu.Unlock()
-			if err == io.EOF {
-				err = nil
-			}
-			return total, err
-		}
-		chunks, roff := st.chunks, st.roff
-		st.chunks, st.roff = nil, 0
-		n := st.buffered
-		inc := st.consumedLocked(n)
-		st.mu.Unlock()
-		st.grant(inc)
-		bufs = append(bufs[:0], chunks...)
-		bufs[0] = bufs[0][roff:]
-		_, err := bufs.WriteTo(w)
-		for _, c := range chunks {
-			putChunk(c)
-		}
-		if err != nil {
-			return total, err
-		}
-		total += int64(n)
-	}
 }
 
 // waitReadableLocked waits until there are unread bytes, or returns why
@@ -168,16 +135,16 @@ func (st *Stream) popChunkLocked() {
 	}
 }
 
-// consumedLocked counts n bytes read and returns the credit to grant the
-// peer now, if any: the window is topped up once a quarter of it is used.
-// Topping up at a half would let a sender whose credit runs out (one on a
-// long link, sending faster than the link) move only half a window per
-// round trip: it spends each grant at once and waits for the next, and
-// the session's measurement of the link, seeing half a window per round
-// trip, would never grow the window (a 100 Mbit/s × 80 ms link stuck at
-// half its rate with a 1 MiB window: bench/slowlink).
+// consumedLocked counts n bytes read (taken off st.buffered by the
+// caller) and returns the credit to grant the peer now, if any: the window
+// is topped up once a quarter of it is used. Topping up at a half would
+// let a sender whose credit runs out (one on a long link, sending faster
+// than the link) move only half a window per round trip: it spends each
+// grant at once and waits for the next, and the session's measurement of
+// the link, seeing half a window per round trip, would never grow the
+// window (a 100 Mbit/s × 80 ms link stuck at half its rate with a 1 MiB
+// window: bench/slowlink).
 func (st *Stream) consumedLocked(n int) int64 {
-	st.buffered -= n
 	st.read += int64(n)
 	if st.rfin || st.err != nil || st.closed {
 		return 0

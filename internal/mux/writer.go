@@ -179,6 +179,26 @@ func (w *writer) drainLocked(until uint64) {
 	w.writing = false
 	if w.waiters > 0 {
 		w.cond.Broadcast() // one of them may write next, or waits for the writing to stop
+		return
+	}
+	if len(w.queue) == 0 {
+		w.shrinkLocked()
+	}
+}
+
+// keepFrames is how many frames' room the writer keeps between batches: a
+// busy moment's larger arrays are let go once the queue is empty.
+const keepFrames = 4
+
+func (w *writer) shrinkLocked() {
+	if cap(w.queue) > keepFrames {
+		w.queue = nil
+	}
+	if cap(w.spare) > keepFrames {
+		w.spare = nil
+	}
+	if cap(w.bufs) > 2*keepFrames {
+		w.bufs = nil
 	}
 }
 

@@ -285,6 +285,7 @@ func (n *Node) buildServers() {
 		AuthorizeUser: n.authorizeUser,
 		Ready:         func() bool { return n.ready.Load() && !n.draining() },
 		StallTimeout:  n.cfg.IdleStreamTimeout,
+		Detach:        n.sessions.Detach,
 		Logger:        n.log,
 	})
 	n.connect = newConnectGateway(n)

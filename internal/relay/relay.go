@@ -57,6 +57,13 @@ type Config struct {
 	// long while the relay waited on the client (see GuardIdle). Zero or
 	// less: never.
 	StallTimeout time.Duration
+	// Detach returns the context an upgraded connection (a websocket)
+	// lives under once the handler that switched it has returned, from
+	// the request's, and a func that ends it, called when the connection
+	// ends. The context must end when what let the request in is
+	// withdrawn (auth.Sessions.Detach: a revoked token). Nil: a context
+	// that ends only with the connection.
+	Detach func(ctx context.Context) (context.Context, context.CancelFunc)
 	// Logger receives the handler's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -180,7 +187,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = &userBody{ReadCloser: r.Body}
 	}
 	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, routed{Target: t, from: from}))
-	defer h.track()()
+	untrack := h.track()
+	if proto := upgradeType(r.Header); proto != "" {
+		var u *upgrade
+		u, r = h.newUpgrade(w, r, proto, untrack)
+		defer u.handlerDone()
+	} else {
+		defer untrack()
+	}
 	h.proxy.ServeHTTP(w, r)
 }
 
@@ -283,10 +297,17 @@ func WithResponseHook(ctx context.Context, fn func(*http.Response)) context.Cont
 	return context.WithValue(ctx, responseHookKey{}, fn)
 }
 
-// modifyResponse prepares the device's response for the user.
+// modifyResponse prepares the device's response for the user, and takes
+// an upgraded connection over (see upgrade).
 func modifyResponse(resp *http.Response) error {
-	if fn, ok := resp.Request.Context().Value(responseHookKey{}).(func(*http.Response)); ok {
+	ctx := resp.Request.Context()
+	if fn, ok := ctx.Value(responseHookKey{}).(func(*http.Response)); ok {
 		fn(resp)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if u, ok := ctx.Value(upgradeKey{}).(*upgrade); ok {
+			return u.take(resp)
+		}
 	}
 	return promoteGRPC(resp)
 }
@@ -342,6 +363,9 @@ func stripH2CUpgrade(h http.Header) {
 
 // proxyError answers a failed forward with the error's own status.
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, errUpgraded) {
+		return // the connection was handed over after the 101
+	}
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the user went away
 	}

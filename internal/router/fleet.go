@@ -20,6 +20,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/broker"
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/forward"
+	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/replay"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
@@ -100,6 +101,16 @@ func NewFleet(peerTLS *tls.Config) *Fleet {
 	h2tls := transport(func(p *http.Protocols) { p.SetHTTP2(true); p.SetHTTP1(true) })
 	h1 := transport(func(p *http.Protocols) { p.SetHTTP1(true) })
 	h1.TLSClientConfig.NextProtos = []string{"http/1.1"} // an upgrade needs HTTP/1.1
+	h1.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		// The body of an upgrade's 101 reads this connection: an empty read
+		// of it waits for bytes, so that the relay's copy of an idle
+		// websocket to the user holds no buffer (mux.Copy).
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return mux.WaitingConn(c), nil
+	}
 	return &Fleet{h2: h2, h2tls: h2tls, h1: h1}
 }
 

@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 )
 
 // Kind is what a service's streams carry.
@@ -187,16 +188,65 @@ func Announce(services []Service, preserveHost bool) (string, error) {
 	return string(b), nil
 }
 
-// ParseAnnouncement decodes and checks what Announce encoded.
+// ParseAnnouncement decodes and checks what Announce encoded. The map it
+// returns may be shared with other callers that parsed the same
+// announcement, and must not be modified: the agents of a fleet mostly
+// announce the same services, and one parsed map costs a relay about a
+// KiB for each agent it holds.
 func ParseAnnouncement(v string) (map[string]Announced, error) {
 	if len(v) > MaxAnnouncement {
 		return nil, fmt.Errorf("services announcement of %d bytes, over the limit of %d", len(v), MaxAnnouncement)
+	}
+	if m, ok := parsed.get(v); ok {
+		return m, nil
 	}
 	var list []Announced
 	if err := json.Unmarshal([]byte(v), &list); err != nil {
 		return nil, fmt.Errorf("services announcement: %w", err)
 	}
-	return check(list)
+	m, err := check(list)
+	if err == nil {
+		parsed.put(v, m)
+	}
+	return m, err
+}
+
+// Bounds of the announcements ParseAnnouncement keeps to share: beyond
+// them it parses each one anew.
+const (
+	maxShared      = 1024
+	maxSharedBytes = 256 << 10
+)
+
+// parsed holds the announcements ParseAnnouncement parsed, by their text.
+var parsed sharedAnnouncements
+
+type sharedAnnouncements struct {
+	mu    sync.Mutex // guards the fields below
+	m     map[string]map[string]Announced
+	bytes int
+}
+
+func (s *sharedAnnouncements) get(v string) (map[string]Announced, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.m[v]
+	return m, ok
+}
+
+func (s *sharedAnnouncements) put(v string, m map[string]Announced) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.m) >= maxShared || s.bytes+len(v) > maxSharedBytes {
+		return
+	}
+	if s.m == nil {
+		s.m = map[string]map[string]Announced{}
+	}
+	if _, ok := s.m[v]; !ok {
+		s.m[v] = m
+		s.bytes += len(v)
+	}
 }
 
 func check(list []Announced) (map[string]Announced, error) {

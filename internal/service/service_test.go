@@ -139,3 +139,28 @@ func FuzzParseAnnouncement(f *testing.F) {
 		}
 	})
 }
+
+// Agents that announce the same services share one parsed map.
+func TestParseAnnouncementShares(t *testing.T) {
+	v, err := Announce([]Service{{Name: Default, Kind: HTTP, Addr: "127.0.0.1:8080"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ParseAnnouncement(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ParseAnnouncement(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reflect.ValueOf(a).UnsafePointer() != reflect.ValueOf(b).UnsafePointer() {
+		t.Error("two parses of one announcement made two maps")
+	}
+	if _, err := ParseAnnouncement(`[{"name":"x y","kind":"http"}]`); err == nil {
+		t.Error("a bad announcement parsed")
+	}
+	if _, err := ParseAnnouncement(`[{"name":"x y","kind":"http"}]`); err == nil {
+		t.Error("a bad announcement parsed the second time")
+	}
+}

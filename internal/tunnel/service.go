@@ -105,6 +105,11 @@ func (s *serviceStream) WriteTo(w io.Writer) (int64, error) {
 	return n, s.mapError(err)
 }
 
+func (s *serviceStream) ReadFrom(r io.Reader) (int64, error) {
+	n, err := s.Stream.ReadFrom(r)
+	return n, s.mapError(err)
+}
+
 func (s *serviceStream) mapError(err error) error {
 	var re *mux.ResetError
 	if errors.As(err, &re) && re.Remote && re.Code >= CodeUnknownService && re.Code <= CodeServiceUnreachable {

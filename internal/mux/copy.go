@@ -1,0 +1,245 @@
+package mux
+
+import (
+	"io"
+	"net"
+)
+
+// Copies between a stream and what it is joined with (a user's socket, a
+// service's connection) hold no buffer while nothing moves: WriteTo hands
+// over the chunks the stream received, and ReadFrom waits for its source
+// to become readable before it takes a pooled buffer, which it gives back
+// once the bytes are written. An idle websocket or TCP connection joined
+// to a stream so costs its goroutines' stacks and no copy buffers.
+
+// readSize picks the size of the pooled buffer a copy reads into by what
+// its reads brought: 4 KiB to begin with and for a websocket's small
+// messages, up to one DATA frame (64 KiB) for a bulk transfer, so that
+// ten thousand copies woken at once take small buffers, and a transfer
+// takes few system calls.
+type readSize struct{ class int } // an index into chunkSizes
+
+const (
+	minReadClass = 1 // 4 KiB
+	maxReadClass = 3 // 64 KiB, DefaultWriteFrame
+)
+
+func (r *readSize) size() int { return chunkSizes[max(r.class, minReadClass)] }
+
+// saw adapts the size to a read of n bytes into a buffer of size().
+func (r *readSize) saw(n int) {
+	size := r.size()
+	switch {
+	case n == size && r.class < maxReadClass:
+		r.class = max(r.class, minReadClass) + 1
+	case n < size/4 && r.class > minReadClass:
+		r.class--
+	}
+}
+
+// WriteTo writes what the peer writes to w until the peer's CloseWrite,
+// handing over received chunks without a copy of its own; while the
+// stream is idle it holds no buffer. Received bytes are credited to the
+// peer when they are taken, so a stream holds at most twice its window:
+// what it has received and what it is writing to w.
+func (st *Stream) WriteTo(w io.Writer) (int64, error) {
+	if err := st.flushOpen(); err != nil {
+		return 0, err
+	}
+	return loop(st.writeStep(w))
+}
+
+// writeStep returns a step that waits for received bytes and writes them
+// to w.
+func (st *Stream) writeStep(w io.Writer) func() (int, error) {
+	var spare net.Buffers // reused between writes; WriteTo consumes what it is given
+	return func() (int, error) {
+		chunks, roff, n, err := st.takeChunks()
+		if err != nil {
+			return 0, err
+		}
+		bufs := append(spare[:0], chunks...)
+		spare = bufs
+		bufs[0] = bufs[0][roff:]
+		_, err = bufs.WriteTo(w)
+		for _, c := range chunks {
+			putChunk(c)
+		}
+		if err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+}
+
+// takeChunks waits for received bytes and takes them all, crediting the
+// peer: the chunks, where the first's unread bytes begin, and how many
+// bytes they hold.
+func (st *Stream) takeChunks() ([][]byte, int, int, error) {
+	st.mu.Lock()
+	if err := st.waitReadableLocked(); err != nil {
+		st.mu.Unlock()
+		return nil, 0, 0, err
+	}
+	chunks, roff, n := st.chunks, st.roff, st.buffered
+	st.chunks, st.roff, st.buffered = nil, 0, 0
+	inc := st.consumedLocked(n)
+	st.mu.Unlock()
+	st.grant(inc)
+	return chunks, roff, n, nil
+}
+
+// ReadFrom writes what r reads to the stream until r's end (io.EOF),
+// waiting for credit as the peer reads; it does not end the stream's
+// writing (that is CloseWrite's). When r is a socket — a syscall.Conn,
+// such as a *net.TCPConn or the wrapper that net.TCPConn's WriteTo hands
+// to io.Copy — it waits for r to become readable holding no buffer, and
+// takes a pooled one only to move bytes. Otherwise see Copy.
+func (st *Stream) ReadFrom(r io.Reader) (int64, error) { return loop(readStep(st, r)) }
+
+// Copy copies src to dst until src ends, as io.Copy does, holding no copy
+// buffer while src is idle wherever it can tell when src has bytes:
+//   - src is a stream, or anything else with a WriteTo other than a
+//     kernel socket's (whose WriteTo copies through a 32 KiB buffer when it
+//     cannot splice): src.WriteTo(dst);
+//   - dst is a stream, or has a ReadFrom other than a kernel socket's:
+//     dst.ReadFrom(src);
+//   - both are kernel sockets: io.Copy, which splices in the kernel;
+//   - src is a socket (a syscall.Conn): it waits for src to become
+//     readable holding no buffer, as ReadFrom does;
+//   - otherwise each read is preceded by an empty one, which waits for
+//     bytes on readers that wait for empty reads (streams, and wrappers
+//     that pass reads on: an HTTP/2 body, an upgraded HTTP/1 connection's
+//     body once its read buffer is drained); other readers return at
+//     once, and the copy then waits holding its buffer (4 KiB, more
+//     while bytes stream).
+func Copy(dst io.Writer, src io.Reader) (int64, error) {
+	step, whole := plan(dst, src)
+	if whole != nil {
+		return whole()
+	}
+	return loop(step)
+}
+
+// Go copies src to dst as Copy does, in goroutines of its own, and then
+// calls done with what Copy would return. Each wait for src's bytes
+// begins in a fresh goroutine, which takes over from the one that wrote
+// the bytes before: an idle copy so holds one goroutine whose stack is
+// small, where a goroutine that waits after writing keeps the stack it
+// grew to write (the writes to a socket or a stream are deep) until the
+// runtime shrinks it, if it ever does. A copy that Copy would hand to
+// WriteTo or ReadFrom of a type other than Stream runs in one goroutine.
+func Go(dst io.Writer, src io.Reader, done func(int64, error)) {
+	step, whole := plan(dst, src)
+	if whole != nil {
+		go func() { done(whole()) }()
+		return
+	}
+	c := &stepper{step: step, done: done}
+	go c.run()
+}
+
+// stepper runs a copy's steps, each in a goroutine of its own.
+type stepper struct {
+	step  func() (int, error)
+	done  func(int64, error)
+	total int64 // touched by one goroutine at a time, each started by the last
+}
+
+func (c *stepper) run() {
+	n, err := c.step()
+	c.total += int64(n)
+	if err != nil {
+		if err == io.EOF {
+			err = nil
+		}
+		c.done(c.total, err)
+		return
+	}
+	go c.run()
+}
+
+// plan decides how Copy copies src to dst: in steps, or as a whole by
+// the WriteTo or ReadFrom of another type.
+func plan(dst io.Writer, src io.Reader) (step func() (int, error), whole func() (int64, error)) {
+	srcSocket, dstSocket := kernelSocket(src), kernelSocket(dst)
+	if st, ok := src.(*Stream); ok {
+		if err := st.flushOpen(); err != nil {
+			return nil, func() (int64, error) { return 0, err }
+		}
+		return st.writeStep(dst), nil
+	}
+	if wt, ok := src.(io.WriterTo); ok && !srcSocket {
+		return nil, func() (int64, error) { return wt.WriteTo(dst) }
+	}
+	if rf, ok := dst.(io.ReaderFrom); ok && !dstSocket {
+		if _, ok := dst.(*Stream); !ok {
+			return nil, func() (int64, error) { return rf.ReadFrom(src) }
+		}
+	}
+	if srcSocket && dstSocket {
+		return nil, func() (int64, error) { return io.Copy(dst, src) }
+	}
+	return readStep(dst, src), nil
+}
+
+// kernelSocket reports whether c is one of the net package's sockets,
+// whose WriteTo and ReadFrom move bytes in the kernel when the other side
+// is a socket too, and through a buffer of their own otherwise.
+func kernelSocket(c any) bool {
+	switch c.(type) {
+	case *net.TCPConn, *net.UnixConn:
+		return true
+	}
+	return false
+}
+
+// readStep returns a step that waits for src's bytes, holding no buffer
+// where it can (see Copy), and writes them to dst.
+func readStep(dst io.Writer, src io.Reader) func() (int, error) {
+	var sizes readSize
+	read := func() ([]byte, int, error) {
+		if _, err := src.Read(nil); err != nil {
+			return nil, 0, err
+		}
+		buf := getChunk(sizes.size())
+		n, err := src.Read(buf)
+		sizes.saw(n)
+		return buf, n, err
+	}
+	if s := newIdleSocket(src, &sizes); s != nil {
+		read = s.read
+	}
+	return func() (int, error) {
+		buf, n, err := read()
+		if n > 0 {
+			k, werr := dst.Write(buf[:n])
+			if werr == nil && k < n {
+				werr = io.ErrShortWrite
+			}
+			if werr != nil {
+				err = werr
+			}
+			n = k
+		}
+		if buf != nil {
+			putChunk(buf)
+		}
+		return n, err
+	}
+}
+
+// loop runs step until it fails; io.EOF is the copy's end.
+func loop(step func() (int, error)) (int64, error) {
+	var total int64
+	for {
+		n, err := step()
+		total += int64(n)
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return total, err
+		}
+	}
+}
