@@ -270,9 +270,11 @@ func TestTwoAgentsShareADevice(t *testing.T) {
 		StartAgent(t, r, "dev", b2.URL, tok, protocol(proto))
 		r.WaitDevice(t, "dev")
 		user := r.Token(t, auth.KindUser, "alice")
+		// The device is up once one agent is; the other may connect a
+		// little later, so requests go on until both have served, or 10 s.
 		seen := map[string]bool{}
-		const n = 60
-		for i := 0; i < n; i++ {
+		n := int64(0)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && (!seen["b1"] || !seen["b2"] || n < 60); n++ {
 			resp := do(t, http.MethodGet, r.URL+"/client/dev/echo/", user, nil)
 			seen[decodeEcho(t, resp).Backend] = true
 			resp.Body.Close()
