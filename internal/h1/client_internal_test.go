@@ -53,4 +53,3 @@ func TestH1IdlePoolBoundsAndSweep(t *testing.T) {
 		t.Fatal("take returned an expired stream")
 	}
 }
-
