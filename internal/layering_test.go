@@ -25,6 +25,8 @@ var layers = [][]string{
 	// the HTTP libraries and of mux; flows carries UDP flows over streams;
 	// splice joins connections with mux's idle-free copies.
 	{"auth", "peer", "broker", "fleet", "replay", "flows", "splice"},
+	// h1 is the relay's HTTP/1.1 client over mux streams.
+	{"h1"},
 	{"access", "longpoll", "tunnel", "auth/authtest", "fleetsecret", "topic", "connect"},
 	// The fleet's mapped ports: their state, and listeners that open
 	// connections through connect's Opener; the operator API manages them.

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-relay/switchboard/internal/connect"
+	"github.com/switchboard-relay/switchboard/internal/h1"
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/service"
@@ -56,7 +56,8 @@ type Config struct {
 // Forwarder sends HTTP requests to the relays holding their devices over
 // streams: one session per holder, and per device an HTTP client whose
 // connections are streams to the device's agent through the holder,
-// pooled with keep-alive.
+// pooled with keep-alive: package h1's, the one the relay runs over its
+// own agents' tunnels, and net/http's HTTP/2 client for an h2c service.
 type Forwarder struct {
 	cfg Config
 
@@ -289,7 +290,7 @@ func (h *holder) open(ctx context.Context, device string) (*conn, *generationKey
 	return c, &generationKey{raw: raw, svc: svc}, nil
 }
 
-// route is one device's HTTP client through one holder: transports whose
+// route is one device's HTTP client through one holder: clients whose
 // connections are streams, made for the service as the holder announced
 // it, and made anew when the announcement changes (the agent came back
 // with other settings).
@@ -301,7 +302,7 @@ type route struct {
 	gen         *generation
 	spare       *conn     // a stream opened to learn the announcement, for the next dial
 	unavailable time.Time // until then, requests go over HTTP
-	retiring    int       // streams the holder asked to retire that are still open
+	retiring    int       // HTTP/2 streams the holder asked to retire that are still open
 	ticking     bool      // closeIdle runs while streams retire
 	retireBy    time.Time // the retiring streams are waited for until then
 	closed      bool
@@ -317,46 +318,49 @@ type generationKey struct {
 type generation struct {
 	generationKey
 	path string          // svc.Path unescaped
-	h1   *http.Transport // HTTP/1.1: every request of an HTTP/1.1 service, the upgrades of an h2c one
+	h1   h1.Client       // HTTP/1.1: every request of an HTTP/1.1 service, the upgrades of an h2c one
 	h2   *http.Transport // an h2c service's other requests; nil otherwise
 }
-
-// streamIdleTimeout and maxIdleStreams are the version 2 tunnel's, for the
-// same reasons (see package tunnel): a pooled idle stream holds a
-// connection to the device's service.
-const (
-	streamIdleTimeout = 30 * time.Second
-	maxIdleStreams    = 256
-)
 
 func (r *route) newGeneration(k *generationKey) *generation {
 	g := &generation{generationKey: *k}
 	g.path, _ = url.PathUnescape(g.svc.Path)
-	g.h1 = r.transport(g, false)
+	g.h1.Open = func(ctx context.Context) (*mux.Stream, error) {
+		c, err := r.dial(ctx, g)
+		if err != nil {
+			return nil, err
+		}
+		c.h1.Store(&g.h1)
+		return c.Stream, nil
+	}
+	g.h1.Reuse = r.h.reusable
+	g.h1.Ended = r.h.forget
 	if g.svc.H2C {
-		g.h2 = r.transport(g, true)
+		g.h2 = r.h2Transport(g)
 	}
 	return g
 }
 
-func (r *route) transport(g *generation, h2c bool) *http.Transport {
+// h2Transport is net/http's HTTP/2 client with prior knowledge over
+// streams, for an h2c service; idle connections are bounded as package
+// h1 bounds its streams.
+func (r *route) h2Transport(g *generation) *http.Transport {
 	t := &http.Transport{
 		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dial(ctx, g) },
-		MaxIdleConnsPerHost: maxIdleStreams,
-		IdleConnTimeout:     streamIdleTimeout,
+		MaxIdleConnsPerHost: h1.MaxIdle,
+		IdleConnTimeout:     h1.IdleTimeout,
 		DisableCompression:  true,
 		Protocols:           new(http.Protocols),
 	}
-	if h2c {
-		t.Protocols.SetUnencryptedHTTP2(true)
-	} else {
-		t.Protocols.SetHTTP1(true)
-	}
+	t.Protocols.SetUnencryptedHTTP2(true)
 	return t
 }
 
-func (g *generation) closeIdle() {
-	g.h1.CloseIdleConnections()
+// closeIdle closes the pooled idle streams; with stop, the HTTP/1.1
+// client pools none from now on (the generation was replaced or the
+// route closed).
+func (g *generation) closeIdle(stop bool) {
+	g.h1.CloseIdle(stop)
 	if g.h2 != nil {
 		g.h2.CloseIdleConnections()
 	}
@@ -401,7 +405,7 @@ func (r *route) current(ctx context.Context) (*generation, bool, error) {
 		old.Close()
 	}
 	if stale != nil {
-		stale.closeIdle()
+		stale.closeIdle(true)
 	}
 	return g, retiring, nil
 }
@@ -422,11 +426,11 @@ func (r *route) replaceLocked(k *generationKey) *generation {
 	return old
 }
 
-// dial opens a connection for g's transports: the spare stream, else a
+// dial opens a connection for g's clients: the spare stream, else a
 // new one. A stream whose announcement is not g's is refused as unopened,
 // and the announcement becomes current, so that the request is sent again
 // rewritten for it.
-func (r *route) dial(ctx context.Context, g *generation) (net.Conn, error) {
+func (r *route) dial(ctx context.Context, g *generation) (*conn, error) {
 	r.mu.Lock()
 	if c := r.spare; c != nil && g == r.gen {
 		r.spare = nil
@@ -450,7 +454,7 @@ func (r *route) dial(ctx context.Context, g *generation) (net.Conn, error) {
 		}
 		r.mu.Unlock()
 		if stale != nil {
-			stale.closeIdle()
+			stale.closeIdle(true)
 		}
 		return nil, &mux.OpenError{Err: errors.New("the device's agent announced its HTTP service anew")}
 	}
@@ -481,34 +485,21 @@ func (r *route) roundTrip(req *http.Request) (*http.Response, error) {
 	} else if out.Host == "" {
 		out.Host = req.URL.Host
 	}
-	upgrade := req.Header.Get("Upgrade") != ""
-	if retiring && !upgrade {
-		out.Close = true // a retiring stream is not reused after this request
-	}
 	var body *heldBody
 	if req.Body != nil && req.Body != http.NoBody {
 		body = &heldBody{ReadCloser: req.Body}
 		out.Body = body
 	}
-	t := g.h1
-	if g.h2 != nil && !upgrade {
-		t = g.h2
-	}
-	var used atomic.Pointer[conn]
-	if upgrade {
-		out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
-			GotConn: func(i httptrace.GotConnInfo) {
-				if c, ok := i.Conn.(*conn); ok {
-					used.Store(c)
-				}
-			},
-		}))
-	}
-	resp, err := t.RoundTrip(out)
-	if err == nil {
-		if c := used.Load(); c != nil && resp.StatusCode == http.StatusSwitchingProtocols {
-			r.upgraded(c)
+	var resp *http.Response
+	if g.h2 != nil && req.Header.Get("Upgrade") == "" {
+		if retiring {
+			out.Close = true // a retiring connection is not reused after this request
 		}
+		resp, err = g.h2.RoundTrip(out)
+	} else {
+		resp, err = g.h1.RoundTrip(out) // a retiring stream is never reused: see holder.reusable
+	}
+	if err == nil {
 		return resp, nil
 	}
 	if errors.Is(err, ErrUnavailable) && body != nil && body.read.Load() {
@@ -527,25 +518,13 @@ func (r *route) mapError(err error) error {
 	return err
 }
 
-// upgraded notes that c carries an upgraded connection (a websocket): it
-// never carries another request, so its retirement is not waited for.
-func (r *route) upgraded(c *conn) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	c.upgraded = true
-	if c.retiring {
-		c.retiring = false
-		r.retiring--
-	}
-}
-
-// retire counts c as a stream the holder asked to retire, and closes the
-// idle pooled streams until every retiring one has closed: a busy one is
-// closed by the HTTP client after its request (Connection: close), or
-// here once it is idle.
+// retire counts c, a connection of the HTTP/2 client, as one the holder
+// asked to retire, and closes the idle pooled connections until every
+// retiring one has closed: a busy one is closed by the HTTP client after
+// its request (Connection: close), or here once it is idle.
 func (r *route) retire(c *conn) {
 	r.mu.Lock()
-	if c.closed || c.retiring || c.upgraded {
+	if c.closed || c.retiring {
 		r.mu.Unlock()
 		return
 	}
@@ -590,7 +569,7 @@ func (r *route) tick() {
 	r.ticking = again
 	r.mu.Unlock()
 	if g != nil {
-		g.closeIdle()
+		g.closeIdle(false)
 	}
 	if again {
 		time.AfterFunc(every, r.tick)
@@ -607,25 +586,47 @@ func (r *route) close() {
 		spare.Close()
 	}
 	if g != nil {
-		g.closeIdle()
+		g.closeIdle(true)
 	}
 }
 
-// conn is a stream to a device's agent through its holder, as the HTTP
+// conn is a stream to a device's agent through its holder, as an HTTP
 // client holds it. As the version 2 tunnel's streams do, closing it before
 // its sending side was half-closed resets it, so that the agent closes its
 // connection to the service at once.
 type conn struct {
 	*mux.Stream
-	h *holder
-	r atomic.Pointer[route] // set once the stream belongs to a route's client
+	h  *holder
+	r  atomic.Pointer[route]     // set once the stream belongs to a route's client
+	h1 atomic.Pointer[h1.Client] // set when that client is the HTTP/1.1 one, which resets the stream itself
 
+	retired    atomic.Bool // the holder asked that it carry no new request
 	halfClosed atomic.Bool
-	once       sync.Once
-	// guarded by r's mu:
+	once       sync.Once // Close
+	released   sync.Once
+	// guarded by r's mu, for the HTTP/2 client's connections:
 	retiring bool // the holder asked that it carry no new request
-	upgraded bool // it carries an upgraded connection, never a request again
 	closed   bool
+}
+
+// reusable reports whether st, a stream of an HTTP/1.1 client, may carry
+// another request: the holder did not ask to retire it.
+func (h *holder) reusable(st *mux.Stream) bool {
+	h.mu.Lock()
+	c := h.conns[streamKey{st.Session(), st.ID()}]
+	h.mu.Unlock()
+	return c != nil && !c.retired.Load()
+}
+
+// forget drops st, a stream an HTTP/1.1 client ended, from the streams
+// the holder may ask to retire.
+func (h *holder) forget(st *mux.Stream) {
+	h.mu.Lock()
+	c := h.conns[streamKey{st.Session(), st.ID()}]
+	h.mu.Unlock()
+	if c != nil {
+		c.release()
+	}
 }
 
 // CloseWrite half-closes the stream.
@@ -643,6 +644,15 @@ func (c *conn) Close() error {
 		} else {
 			err = c.Stream.Reset(mux.CodeCancel)
 		}
+		c.release()
+	})
+	return err
+}
+
+// release forgets the stream, which has ended: the holder's notices no
+// longer name it, and it no longer counts as retiring.
+func (c *conn) release() {
+	c.released.Do(func() {
 		c.h.mu.Lock()
 		delete(c.h.conns, streamKey{c.Session(), c.ID()})
 		c.h.mu.Unlock()
@@ -655,11 +665,16 @@ func (c *conn) Close() error {
 			r.mu.Unlock()
 		}
 	})
-	return err
 }
 
-// retire marks the stream as one that takes no new request.
+// retire marks the stream as one that takes no new request: an idle one
+// of the HTTP/1.1 client is reset now, a busy one at its exchange's end.
 func (c *conn) retire() {
+	c.retired.Store(true)
+	if hc := c.h1.Load(); hc != nil {
+		hc.Evict(c.Stream)
+		return
+	}
 	if r := c.r.Load(); r != nil {
 		r.retire(c)
 	}

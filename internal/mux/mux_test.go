@@ -526,3 +526,47 @@ func eventually(t *testing.T, cond func() bool) {
 		return nil
 	})
 }
+
+// TestSmallExchangesProbeRarely: small requests and answers, which could
+// never fill the window in a round trip, start a bandwidth-delay probe (a
+// ping, and a goroutine to write it at each end) every window/4 bytes, not
+// one per exchange.
+func TestSmallExchangesProbeRarely(t *testing.T) {
+	client, server := tcpSessions(t)
+	go func() {
+		st, err := server.Accept()
+		if err != nil {
+			return
+		}
+		b := make([]byte, 200)
+		for {
+			if _, err := io.ReadFull(st, b); err != nil {
+				return
+			}
+			if _, err := st.Write(b); err != nil {
+				return
+			}
+		}
+	}()
+	st, err := client.Open(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const exchanges = 500
+	b := make([]byte, 200)
+	for range exchanges {
+		if _, err := st.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(st, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client.mu.Lock()
+	probes := client.bdp.probes
+	client.mu.Unlock()
+	if most := exchanges*200/(InitialWindow/4) + 1; probes > most {
+		t.Errorf("%d probes over %d exchanges of 200 bytes, want at most %d", probes, exchanges, most)
+	}
+}

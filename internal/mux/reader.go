@@ -193,16 +193,24 @@ func (s *Session) handleOpen(h header, meta []byte) error {
 }
 
 // probeBDP counts n bytes received and starts a measurement of the
-// bandwidth-delay product if none is running and the window may grow.
+// bandwidth-delay product if none is running, the window may grow, and a
+// quarter of the window arrived since the last one: a stream that fills
+// the window brings that much in a quarter of a round trip, so its
+// measurements follow each other as before, while small requests and
+// answers, whose round trip could never fill the window, cost a ping every
+// window/4 bytes rather than one per round trip, each a frame written on a
+// goroutine of its own at both ends.
 func (s *Session) probeBDP(n int) {
 	s.mu.Lock()
 	b := &s.bdp
 	b.bytes += n
-	start := !b.out && s.window.Load() < int64(s.cfg.MaxWindow)
+	window := s.window.Load()
+	start := !b.out && window < int64(s.cfg.MaxWindow) && int64(b.bytes) >= window/4
 	if start {
 		b.out = true
 		b.sent = time.Now()
 		b.bytes = n
+		b.probes++
 	}
 	s.mu.Unlock()
 	if start {
@@ -233,4 +241,5 @@ func (s *Session) pong(value uint32) {
 	if sample := int64(b.bytes); sample*3 >= window*2 {
 		s.window.Store(min(2*sample, int64(s.cfg.MaxWindow)))
 	}
+	b.bytes = 0 // the next probe waits for window/4 bytes more
 }

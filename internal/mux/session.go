@@ -116,10 +116,11 @@ type Session struct {
 
 // bdpProbe measures the bytes received during one ping's round trip.
 type bdpProbe struct {
-	out   bool      // a probe's ping is on its way
-	sent  time.Time // when
-	bytes int       // DATA bytes received since
-	rtt   time.Duration
+	out    bool      // a probe's ping is on its way
+	sent   time.Time // when
+	bytes  int       // DATA bytes received since, or since the last probe's answer while none is out
+	rtt    time.Duration
+	probes int // probes started
 }
 
 // bdpPing is the value of the pings that measure the bandwidth-delay

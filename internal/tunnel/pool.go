@@ -640,3 +640,6 @@ func (p *Pool) RegisterMetrics(reg prometheus.Registerer) {
 	}, func() float64 { return float64(p.Sessions()) }))
 	p.registerStreamMetrics(reg)
 }
+
+// onlyWriter hides a writer's ReadFrom from io.Copy.
+type onlyWriter struct{ io.Writer }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/h1"
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
 )
@@ -64,7 +65,7 @@ type muxCarrier struct {
 	svc      service.Announced
 	path     string          // svc.Path unescaped
 	ok       bool            // the agent announced service.Default
-	h1       h1Client        // HTTP/1.1: every request of an HTTP/1.1 service, the upgrades of an h2c one
+	h1       h1.Client       // HTTP/1.1: every request of an HTTP/1.1 service, the upgrades of an h2c one
 	h2       *http.Transport // for an h2c service, its requests but upgrades; nil otherwise
 }
 
@@ -77,22 +78,18 @@ type muxCarrier struct {
 // against 10–14), with 2 MiB as much (11–15).
 const MaxWindow = 2 << 20
 
-// streamIdleTimeout is how long an idle pooled HTTP connection to an
-// agent's service stays open: long enough to be reused by the next burst,
-// short enough not to hold the backend's connections for nothing.
-const streamIdleTimeout = 30 * time.Second
-
-// maxIdleStreams is how many idle pooled HTTP connections one session
-// keeps for reuse: generous for bursts, each costing its stream on the
-// relay (no buffer: those are pooled while a request moves) and a
-// connection to the service on the agent.
-const maxIdleStreams = 256
+// streamIdleTimeout and maxIdleStreams bound the idle pooled HTTP
+// connections to an agent's service, HTTP/2 ones too, as package h1 does.
+const (
+	streamIdleTimeout = h1.IdleTimeout
+	maxIdleStreams    = h1.MaxIdle
+)
 
 func newMuxCarrier(device string, ms *mux.Session, services map[string]service.Announced) *muxCarrier {
 	c := &muxCarrier{device: device, ms: ms, services: services}
 	c.svc, c.ok = services[service.Default]
 	c.path, _ = url.PathUnescape(c.svc.Path)
-	c.h1.open = c.open
+	c.h1.Open = c.open
 	if c.svc.H2C {
 		c.h2 = c.h2Transport()
 	}
@@ -184,7 +181,7 @@ func (c *muxCarrier) roundTrip(req *http.Request) (*http.Response, error) {
 	if c.h2 != nil && upgradeType(req.Header) == "" {
 		resp, err = c.h2.RoundTrip(out)
 	} else {
-		resp, err = c.h1.roundTrip(out)
+		resp, err = c.h1.RoundTrip(out)
 	}
 	if err != nil {
 		return nil, c.mapError(err)
@@ -223,7 +220,7 @@ func (c *muxCarrier) perAgentCap() int64 { return 0 }
 // flight have ended.
 func (c *muxCarrier) shutdown(ctx context.Context) error {
 	c.ms.GoAway(0)
-	c.h1.closeIdle(true)
+	c.h1.CloseIdle(true)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -242,7 +239,7 @@ func (c *muxCarrier) shutdown(ctx context.Context) error {
 }
 
 func (c *muxCarrier) closeIdle() {
-	c.h1.closeIdle(false)
+	c.h1.CloseIdle(false)
 	if c.h2 != nil {
 		c.h2.CloseIdleConnections()
 	}
@@ -250,7 +247,7 @@ func (c *muxCarrier) closeIdle() {
 
 func (c *muxCarrier) close() error {
 	err := c.ms.Close()
-	c.h1.closeIdle(true)
+	c.h1.CloseIdle(true)
 	if c.h2 != nil {
 		c.h2.CloseIdleConnections()
 	}

@@ -1,4 +1,13 @@
-package tunnel
+// Package h1 is an HTTP/1.1 client whose connections are streams of a
+// multiplexed session (package mux), in place of a net/http.Transport:
+// the relay's client to a version 2 agent's HTTP service, and a
+// forwarding relay's to a device's agent through the relay holding it.
+// Its caller says how a stream is opened; the client pools them.
+//
+//	c := &h1.Client{Open: func(ctx context.Context) (*mux.Stream, error) { ... }}
+//	resp, err := c.RoundTrip(req) // req's URL path and Host are the service's
+//	c.CloseIdle(true)             // the session drains: pool no more
+package h1
 
 import (
 	"bufio"
@@ -22,9 +31,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/replay"
 )
 
-// h1Client is the relay's HTTP/1.1 client over a version 2 session's
-// streams to the agent's HTTP service, in place of a net/http.Transport:
-// a round trip writes the request and reads the answer on the caller's
+// Client is an HTTP/1.1 client over streams to one HTTP service: a round trip writes the request and reads the answer on the caller's
 // goroutine, so that a request crosses no goroutine of the client's own.
 // A request body is written on one more goroutine, started only when
 // there is a body, so that the answer can stream back while the body
@@ -32,15 +39,27 @@ import (
 //
 // A stream whose exchange ended cleanly (its answer read to the end, its
 // request wholly written, neither side asking to close) waits in a pool
-// of at most maxIdleStreams for the next request; one idle longer than
-// streamIdleTimeout is closed. Idle streams cost no goroutine and no timer
+// of at most MaxIdle for the next request; one idle longer than
+// IdleTimeout is closed. Idle streams cost no goroutine and no timer
 // each: one timer per client, armed while any stream waits, sweeps the
 // expired ones, and a stream is checked (mux.Stream.Quiet) when it is
 // taken. Every other end of an exchange resets its stream, which makes
 // the agent close its connection to the service at once.
-type h1Client struct {
-	// open opens a stream to the service; its error is a *mux.OpenError.
-	open func(context.Context) (*mux.Stream, error)
+//
+// The zero Client with Open set is ready; it must not be copied after
+// first use.
+type Client struct {
+	// Open opens a stream to the service. Its error is a *mux.OpenError
+	// when nothing of the request was sent, so that package replay may
+	// send it again. Required.
+	Open func(context.Context) (*mux.Stream, error)
+	// Reuse, when set, reports whether a stream whose exchange ended
+	// cleanly may carry another request; one it refuses is reset instead
+	// of pooled. It is asked with the pool's lock held: see Evict.
+	Reuse func(*mux.Stream) bool
+	// Ended, when set, is told of each stream the client reset or closed,
+	// perhaps more than once: the caller may forget what it kept of it.
+	Ended func(*mux.Stream)
 
 	mu      sync.Mutex   // guards the fields below
 	idle    []idleStream // oldest first
@@ -54,6 +73,17 @@ type idleStream struct {
 	st    *mux.Stream
 	since time.Time
 }
+
+// IdleTimeout is how long an idle pooled stream stays open: long enough
+// to be reused by the next burst, short enough not to hold the service's
+// connections for nothing.
+const IdleTimeout = 30 * time.Second
+
+// MaxIdle is how many idle pooled streams one client keeps for reuse:
+// generous for bursts, each costing its stream (no buffer: those are
+// pooled while a request moves) and a connection to the service on the
+// far end.
+const MaxIdle = 256
 
 // Limits of the client, net/http.Transport's defaults where it has them.
 const (
@@ -72,21 +102,24 @@ const (
 	writeGrace = 50 * time.Millisecond
 )
 
+// ErrResponseHeaderTooLarge fails a round trip whose answer's header is
+// over the client's bound.
+var ErrResponseHeaderTooLarge = fmt.Errorf("the service's response header is over %d bytes", maxResponseHeaderBytes)
+
 // Errors of the client's own.
 var (
-	errResponseHeaderTooLarge = fmt.Errorf("the service's response header is over %d bytes", maxResponseHeaderBytes)
-	errTooMany1xx             = errors.New("the service sent too many informational (1xx) responses")
-	errBodyClosed             = errors.New("read on a closed response body")
+	errTooMany1xx = errors.New("the service sent too many informational (1xx) responses")
+	errBodyClosed = errors.New("read on a closed response body")
 	// errNoContinue stops a request body the service answered before it
 	// asked for it (a final status instead of 100 Continue).
 	errNoContinue = errors.New("the service answered before asking for the request body")
 )
 
-// roundTrip sends req, whose URL path and Host are the service's already,
+// RoundTrip sends req, whose URL path and Host are the service's already,
 // on an idle stream or a new one. Like net/http's Transport, it sends req
 // once more on a new stream when an idle stream turns out to have been
 // closed by the service (nothing came back), if req may be sent again.
-func (c *h1Client) roundTrip(req *http.Request) (*http.Response, error) {
+func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := validRequest(req); err != nil {
 		if req.Body != nil {
 			req.Body.Close()
@@ -132,19 +165,19 @@ func validRequest(req *http.Request) error {
 }
 
 // get returns a quiet idle stream, or else a new one.
-func (c *h1Client) get(ctx context.Context, fresh bool) (st *mux.Stream, reused bool, err error) {
+func (c *Client) get(ctx context.Context, fresh bool) (st *mux.Stream, reused bool, err error) {
 	if !fresh {
 		if st := c.take(); st != nil {
 			return st, true, nil
 		}
 	}
-	st, err = c.open(ctx)
+	st, err = c.Open(ctx)
 	return st, false, err
 }
 
 // take returns the most recently pooled stream that is still quiet and
 // not expired, resetting the others it finds on the way.
-func (c *h1Client) take() *mux.Stream {
+func (c *Client) take() *mux.Stream {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -152,40 +185,63 @@ func (c *h1Client) take() *mux.Stream {
 		is := c.idle[n-1]
 		c.idle[n-1] = idleStream{}
 		c.idle = c.idle[:n-1]
-		if now.Sub(is.since) < streamIdleTimeout && is.st.Quiet() {
+		if now.Sub(is.since) < IdleTimeout && is.st.Quiet() && (c.Reuse == nil || c.Reuse(is.st)) {
 			return is.st
 		}
-		is.st.Reset(mux.CodeCancel)
+		c.reset(is.st)
 	}
 	return nil
 }
 
 // put pools st, whose exchange ended cleanly, or resets it when the
-// client takes no more or st is not quiet. Over maxIdleStreams, the
+// client takes no more or st is not quiet. Over MaxIdle, the
 // oldest idle stream goes.
-func (c *h1Client) put(st *mux.Stream) {
+func (c *Client) put(st *mux.Stream) {
 	c.mu.Lock()
-	if c.closed || !st.Quiet() {
+	if c.closed || !st.Quiet() || (c.Reuse != nil && !c.Reuse(st)) {
 		c.mu.Unlock()
-		st.Reset(mux.CodeCancel)
+		c.reset(st)
 		return
 	}
 	var evicted *mux.Stream
-	if len(c.idle) >= maxIdleStreams {
+	if len(c.idle) >= MaxIdle {
 		evicted = c.idle[0].st
 		c.idle = slices.Delete(c.idle, 0, 1)
 	}
 	c.idle = append(c.idle, idleStream{st: st, since: time.Now()})
 	if !c.armed {
-		c.armLocked(streamIdleTimeout)
+		c.armLocked(IdleTimeout)
 	}
 	c.mu.Unlock()
 	if evicted != nil {
-		evicted.Reset(mux.CodeCancel)
+		c.reset(evicted)
 	}
 }
 
-func (c *h1Client) armLocked(d time.Duration) {
+// reset resets st, whose exchange is over, and tells Ended.
+func (c *Client) reset(st *mux.Stream) {
+	st.Reset(mux.CodeCancel)
+	if c.Ended != nil {
+		c.Ended(st)
+	}
+}
+
+// Evict resets st if it waits in the pool. A caller that wants st to
+// carry no new request makes Reuse refuse it first, then evicts it: a
+// stream then busy is reset when its exchange ends.
+func (c *Client) Evict(st *mux.Stream) {
+	c.mu.Lock()
+	i := slices.IndexFunc(c.idle, func(is idleStream) bool { return is.st == st })
+	if i >= 0 {
+		c.idle = slices.Delete(c.idle, i, i+1)
+	}
+	c.mu.Unlock()
+	if i >= 0 {
+		c.reset(st)
+	}
+}
+
+func (c *Client) armLocked(d time.Duration) {
 	c.armed = true
 	if c.sweeper == nil {
 		c.sweeper = time.AfterFunc(d, c.sweep)
@@ -194,30 +250,30 @@ func (c *h1Client) armLocked(d time.Duration) {
 	c.sweeper.Reset(d)
 }
 
-// sweep resets the idle streams past streamIdleTimeout and arms the
+// sweep resets the idle streams past IdleTimeout and arms the
 // timer again for the oldest of the others.
-func (c *h1Client) sweep() {
+func (c *Client) sweep() {
 	now := time.Now()
 	c.mu.Lock()
 	c.armed = false
 	n := 0
-	for n < len(c.idle) && now.Sub(c.idle[n].since) >= streamIdleTimeout {
+	for n < len(c.idle) && now.Sub(c.idle[n].since) >= IdleTimeout {
 		n++
 	}
 	expired := slices.Clone(c.idle[:n])
 	c.idle = slices.Delete(c.idle, 0, n)
 	if len(c.idle) > 0 && !c.closed {
-		c.armLocked(streamIdleTimeout - now.Sub(c.idle[0].since))
+		c.armLocked(IdleTimeout - now.Sub(c.idle[0].since))
 	}
 	c.mu.Unlock()
 	for _, is := range expired {
-		is.st.Reset(mux.CodeCancel)
+		c.reset(is.st)
 	}
 }
 
-// closeIdle resets the idle streams; with stop, the client pools none
+// CloseIdle resets the idle streams; with stop, the client pools none
 // from now on (the session drains or ended).
-func (c *h1Client) closeIdle(stop bool) {
+func (c *Client) CloseIdle(stop bool) {
 	c.mu.Lock()
 	idle := c.idle
 	c.idle = nil
@@ -230,21 +286,21 @@ func (c *h1Client) closeIdle(stop bool) {
 	}
 	c.mu.Unlock()
 	for _, is := range idle {
-		is.st.Reset(mux.CodeCancel)
+		c.reset(is.st)
 	}
 }
 
-// numIdle returns how many streams wait in the pool.
-func (c *h1Client) numIdle() int {
+// NumIdle returns how many streams wait in the pool.
+func (c *Client) NumIdle() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.idle)
 }
 
-// h1Exchange is one request and its answer on one stream. Once the answer's
+// trip is one request and its answer on one stream. Once the answer's
 // header is read, it is the answer's body.
-type h1Exchange struct {
-	c    *h1Client
+type trip struct {
+	c    *Client
 	st   *mux.Stream
 	req  *http.Request
 	stop func() bool // stops the reset on the request context's end
@@ -270,10 +326,10 @@ const (
 
 // exchange sends req on st and reads the answer's header. back reports
 // whether any byte of an answer came back before a failure.
-func (c *h1Client) exchange(st *mux.Stream, req *http.Request) (resp *http.Response, back bool, err error) {
-	x := &h1Exchange{c: c, st: st, req: req}
+func (c *Client) exchange(st *mux.Stream, req *http.Request) (resp *http.Response, back bool, err error) {
+	x := &trip{c: c, st: st, req: req}
 	x.in = answerReader{st: st, left: maxResponseHeaderBytes}
-	x.stop = context.AfterFunc(req.Context(), func() { st.Reset(mux.CodeCancel) })
+	x.stop = context.AfterFunc(req.Context(), func() { c.reset(st) })
 	if req.Body == nil || req.Body == http.NoBody {
 		err = writeRequest(st, req)
 	} else {
@@ -285,13 +341,13 @@ func (c *h1Client) exchange(st *mux.Stream, req *http.Request) (resp *http.Respo
 	}
 	if err != nil {
 		x.stop()
-		st.Reset(mux.CodeCancel)
+		c.reset(st)
 		putReader(x.br)
 		return nil, x.in.n > 0, x.cause(err)
 	}
 	x.in.left = math.MaxInt64
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		resp.Body = &upgradedBody{st: st, br: x.br, stop: x.stop}
+		resp.Body = &upgradedBody{c: c, st: st, br: x.br, stop: x.stop}
 		return resp, true, nil
 	}
 	x.resp, x.body = resp, resp.Body
@@ -302,7 +358,7 @@ func (c *h1Client) exchange(st *mux.Stream, req *http.Request) (resp *http.Respo
 // startBody writes the request, with its body, on a goroutine of its
 // own: the exchange owns it, and it ends when the body is written, fails
 // to read, or the stream fails (a reset ends a write in progress).
-func (x *h1Exchange) startBody() {
+func (x *trip) startBody() {
 	w := new(http.Request)
 	*w = *x.req // a shallow copy: a retry may rewind x.req's body meanwhile
 	b := &requestBody{rc: x.req.Body, ctx: x.req.Context()}
@@ -320,7 +376,7 @@ func (x *h1Exchange) startBody() {
 		x.werr = err
 		close(x.wrote)
 		if err != nil && err != errNoContinue {
-			x.st.Reset(mux.CodeCancel)
+			x.c.reset(x.st)
 		}
 	}()
 }
@@ -328,7 +384,7 @@ func (x *h1Exchange) startBody() {
 // readHeader reads the final answer's header: 100 Continue lets the body
 // go, other informational answers go to the request's trace (which
 // httputil.ReverseProxy passes on to the user), 101 is final.
-func (x *h1Exchange) readHeader() (*http.Response, error) {
+func (x *trip) readHeader() (*http.Response, error) {
 	n1xx := 0
 	for {
 		resp, err := http.ReadResponse(x.br, x.req)
@@ -357,7 +413,7 @@ func (x *h1Exchange) readHeader() (*http.Response, error) {
 }
 
 // letBody tells a body waiting for 100 Continue whether to go, once.
-func (x *h1Exchange) letBody(ok bool) {
+func (x *trip) letBody(ok bool) {
 	if x.cont != nil {
 		x.cont <- ok
 		x.cont = nil
@@ -366,8 +422,8 @@ func (x *h1Exchange) letBody(ok bool) {
 
 // cause says why the exchange failed: a reset of this end's own is the
 // request context's end or the request body's failure.
-func (x *h1Exchange) cause(err error) error {
-	if errors.Is(err, errResponseHeaderTooLarge) || !isLocalReset(err) {
+func (x *trip) cause(err error) error {
+	if errors.Is(err, ErrResponseHeaderTooLarge) || !isLocalReset(err) {
 		return err
 	}
 	if cerr := x.req.Context().Err(); cerr != nil {
@@ -392,7 +448,7 @@ func isLocalReset(err error) bool {
 
 // Read reads the answer's body. At its end, the stream goes back to the
 // pool if the exchange ended cleanly.
-func (x *h1Exchange) Read(p []byte) (int, error) {
+func (x *trip) Read(p []byte) (int, error) {
 	switch x.state.Load() {
 	case bodyEOF:
 		return 0, io.EOF
@@ -411,14 +467,14 @@ func (x *h1Exchange) Read(p []byte) (int, error) {
 	}
 	if x.state.CompareAndSwap(bodyOpen, bodyClosed) {
 		x.stop()
-		x.st.Reset(mux.CodeCancel)
+		x.c.reset(x.st)
 		putReader(x.br)
 	}
 	return n, x.cause(err)
 }
 
 // Close ends the answer: a body not read to its end resets the stream.
-func (x *h1Exchange) Close() error {
+func (x *trip) Close() error {
 	if x.body == http.NoBody && x.state.CompareAndSwap(bodyOpen, bodyEOF) {
 		x.finish() // nothing to read: the answer is whole
 		return nil
@@ -426,14 +482,14 @@ func (x *h1Exchange) Close() error {
 	if x.state.CompareAndSwap(bodyOpen, bodyClosed) {
 		// A Read may be running: its buffer is left to the collector.
 		x.stop()
-		x.st.Reset(mux.CodeCancel)
+		x.c.reset(x.st)
 	}
 	return nil
 }
 
 // finish ends an answer read to its end: its stream goes back to the pool
 // when the exchange ended cleanly, else is reset.
-func (x *h1Exchange) finish() {
+func (x *trip) finish() {
 	reuse := x.stop() && // false: the request's context ended, and resets the stream
 		!x.resp.Close && !x.req.Close &&
 		!httpguts.HeaderValuesContainsToken(x.req.Header["Connection"], "close") &&
@@ -442,13 +498,13 @@ func (x *h1Exchange) finish() {
 	if reuse {
 		x.c.put(x.st)
 	} else {
-		x.st.Reset(mux.CodeCancel)
+		x.c.reset(x.st)
 	}
 }
 
 // bodyWritten reports whether the request body, if any, was wholly
 // written, waiting writeGrace at most for its writer to end.
-func (x *h1Exchange) bodyWritten() bool {
+func (x *trip) bodyWritten() bool {
 	if x.wrote == nil {
 		return true
 	}
@@ -523,7 +579,7 @@ type answerReader struct {
 
 func (r *answerReader) Read(p []byte) (int, error) {
 	if r.left <= 0 {
-		return 0, errResponseHeaderTooLarge
+		return 0, ErrResponseHeaderTooLarge
 	}
 	if int64(len(p)) > r.left {
 		p = p[:r.left]
@@ -538,6 +594,7 @@ func (r *answerReader) Read(p []byte) (int, error) {
 // read past the answer's header first. Close resets the stream, unless
 // its sending side was half-closed, when Close delivers what was written.
 type upgradedBody struct {
+	c          *Client
 	st         *mux.Stream
 	br         *bufio.Reader // until what it holds is read; then back to its pool and nil
 	stop       func() bool
@@ -611,6 +668,9 @@ func (u *upgradedBody) Close() error {
 		return nil
 	}
 	u.stop()
+	if u.c.Ended != nil {
+		defer u.c.Ended(u.st)
+	}
 	if u.halfClosed.Load() {
 		return u.st.Close()
 	}
@@ -629,8 +689,8 @@ func (w streamWriter) ReadFrom(r io.Reader) (int64, error) {
 	if rf, ok := any(w.st).(io.ReaderFrom); ok {
 		return rf.ReadFrom(r)
 	}
-	buf := joinBuffers.Get().(*[32 << 10]byte)
-	defer joinBuffers.Put(buf)
+	buf := copyBuffers.Get().(*[32 << 10]byte)
+	defer copyBuffers.Put(buf)
 	return io.CopyBuffer(onlyWriter{w.st}, r, buf[:])
 }
 
@@ -656,6 +716,13 @@ var (
 	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
 	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
 )
+
+// copyBuffers recycles the buffers of request bodies copied to streams
+// that have no ReadFrom of their own.
+var copyBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// onlyReader hides a reader's WriteTo from io.Copy.
+type onlyReader struct{ io.Reader }
 
 func getReader(r io.Reader) *bufio.Reader {
 	br := readers.Get().(*bufio.Reader)

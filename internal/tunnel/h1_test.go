@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchboard-relay/switchboard/internal/mux"
+	"github.com/switchboard-relay/switchboard/internal/h1"
 	"github.com/switchboard-relay/switchboard/internal/service"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
@@ -47,7 +47,7 @@ func v2Raw(t *testing.T, svc *rawService) *Pool {
 }
 
 // h1Of returns the HTTP/1.1 client of the device's one session.
-func h1Of(t *testing.T, pool *Pool) *h1Client {
+func h1Of(t *testing.T, pool *Pool) *h1.Client {
 	t.Helper()
 	pool.mu.Lock()
 	defer pool.mu.Unlock()
@@ -102,7 +102,7 @@ func TestH1KeepAlive(t *testing.T) {
 	if n := svc.conns.Load(); n != 1 {
 		t.Fatalf("%d connections to the service for 5 requests, want 1", n)
 	}
-	if n := h1Of(t, pool).numIdle(); n != 1 {
+	if n := h1Of(t, pool).NumIdle(); n != 1 {
 		t.Fatalf("%d idle streams, want 1", n)
 	}
 }
@@ -117,7 +117,7 @@ func TestH1ConnectionCloseNotReused(t *testing.T) {
 	if n := svc.conns.Load(); n != 2 {
 		t.Fatalf("%d connections to the service, want 2", n)
 	}
-	if n := h1Of(t, pool).numIdle(); n != 0 {
+	if n := h1Of(t, pool).NumIdle(); n != 0 {
 		t.Fatalf("%d idle streams, want 0", n)
 	}
 }
@@ -278,7 +278,7 @@ func TestH1ExpectContinue(t *testing.T) {
 	if bodyRead.Load() {
 		t.Fatal("the body was read though the service answered without asking for it")
 	}
-	if n := h1Of(t, pool).numIdle(); n != 0 {
+	if n := h1Of(t, pool).NumIdle(); n != 0 {
 		t.Fatalf("%d idle streams after an answer without the body, want 0", n)
 	}
 }
@@ -431,53 +431,8 @@ func TestH1ResponseHeaderTooLarge(t *testing.T) {
 	})
 	pool := v2Raw(t, svc)
 	req, _ := http.NewRequest(http.MethodGet, "http://dev/", nil)
-	if _, err := pool.RoundTrip(req); !errors.Is(err, errResponseHeaderTooLarge) {
-		t.Fatalf("got %v, want errResponseHeaderTooLarge", err)
-	}
-}
-
-// TestH1IdlePoolBoundsAndSweep: the pool keeps maxIdleStreams streams at
-// most, the oldest going first; take skips streams idle past
-// streamIdleTimeout; sweep resets those and keeps the others.
-func TestH1IdlePoolBoundsAndSweep(t *testing.T) {
-	a, b := net.Pipe()
-	relay := mux.New(a, mux.Config{})
-	agent := mux.New(b, mux.Config{Client: true})
-	defer relay.Close()
-	defer agent.Close()
-	c := &h1Client{open: func(ctx context.Context) (*mux.Stream, error) { return relay.Open(ctx, nil) }}
-	defer c.closeIdle(true)
-	var all []*mux.Stream
-	for range maxIdleStreams + 1 {
-		st, _ := c.open(context.Background())
-		all = append(all, st)
-		c.put(st)
-	}
-	if n := c.numIdle(); n != maxIdleStreams {
-		t.Fatalf("%d idle, want %d", n, maxIdleStreams)
-	}
-	if all[0].Quiet() {
-		t.Fatal("the oldest stream stayed open past the bound")
-	}
-
-	// Age every stream but the newest past the idle timeout.
-	c.mu.Lock()
-	for i := range c.idle[:len(c.idle)-1] {
-		c.idle[i].since = time.Now().Add(-streamIdleTimeout)
-	}
-	c.mu.Unlock()
-	c.sweep()
-	if n := c.numIdle(); n != 1 {
-		t.Fatalf("%d idle after the sweep, want 1", n)
-	}
-	if !all[len(all)-1].Quiet() || all[1].Quiet() {
-		t.Fatal("the sweep reset the wrong streams")
-	}
-	c.mu.Lock()
-	c.idle[0].since = time.Now().Add(-streamIdleTimeout)
-	c.mu.Unlock()
-	if st := c.take(); st != nil {
-		t.Fatal("take returned an expired stream")
+	if _, err := pool.RoundTrip(req); !errors.Is(err, h1.ErrResponseHeaderTooLarge) {
+		t.Fatalf("got %v, want h1.ErrResponseHeaderTooLarge", err)
 	}
 }
 
