@@ -50,13 +50,16 @@ func (st *Stream) WriteTo(w io.Writer) (int64, error) {
 }
 
 // writeStep returns a step that waits for received bytes and writes them
-// to w.
+// to w. When w is a socket, the session's reading goroutine writes what
+// arrives while the step waits with nothing to write straight to it (see
+// Stream.deliverLocked); the step counts those bytes too.
 func (st *Stream) writeStep(w io.Writer) func() (int, error) {
 	var spare net.Buffers // reused between writes; WriteTo consumes what it is given
+	sk := newSink(w)
 	return func() (int, error) {
-		chunks, roff, n, err := st.takeChunks()
+		chunks, roff, n, sunk, err := st.takeChunks(sk)
 		if err != nil {
-			return 0, err
+			return sunk, err
 		}
 		bufs := append(spare[:0], chunks...)
 		spare = bufs
@@ -66,27 +69,37 @@ func (st *Stream) writeStep(w io.Writer) func() (int, error) {
 			putChunk(c)
 		}
 		if err != nil {
-			return 0, err
+			return sunk, err
 		}
-		return n, nil
+		return sunk + n, nil
 	}
 }
 
 // takeChunks waits for received bytes and takes them all, crediting the
 // peer: the chunks, where the first's unread bytes begin, and how many
-// bytes they hold.
-func (st *Stream) takeChunks() ([][]byte, int, int, error) {
+// bytes they hold; and the bytes the reading goroutine wrote to sk (when
+// not nil) while it waited.
+func (st *Stream) takeChunks(sk *sink) (chunks [][]byte, roff, n, sunk int, err error) {
 	st.mu.Lock()
-	if err := st.waitReadableLocked(); err != nil {
+	st.sink, st.sinkIdle = sk, sk != nil
+	err = st.waitReadableLocked()
+	st.sinkIdle = false
+	for st.sinking { // the reading goroutine is writing to sk: let it end first
 		st.mu.Unlock()
-		return nil, 0, 0, err
+		<-st.readable
+		st.mu.Lock()
 	}
-	chunks, roff, n := st.chunks, st.roff, st.buffered
+	sunk, st.sunk = st.sunk, 0
+	if err != nil {
+		st.mu.Unlock()
+		return nil, 0, 0, sunk, err
+	}
+	chunks, roff, n = st.chunks, st.roff, st.buffered
 	st.chunks, st.roff, st.buffered = nil, 0, 0
 	inc := st.consumedLocked(n)
 	st.mu.Unlock()
 	st.grant(inc)
-	return chunks, roff, n, nil
+	return chunks, roff, n, sunk, nil
 }
 
 // ReadFrom writes what r reads to the stream until r's end (io.EOF),

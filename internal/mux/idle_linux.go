@@ -199,3 +199,58 @@ func (c *waitingConn) peek(fd uintptr) bool {
 		return true
 	}
 }
+
+// sink is a socket a stream's copy writes to (see WriteTo), which the
+// session's reading goroutine may write the stream's bytes to itself
+// while the copy waits with nothing to write: a message then reaches the
+// socket without waking the copy's goroutine. Its writes never wait: what
+// the socket does not take at once is left to the copy.
+type sink struct {
+	raw syscall.RawConn
+	fn  func(fd uintptr) bool
+
+	// The write in progress: the bytes, and how many were written.
+	p []byte
+	n int
+}
+
+// newSink returns a sink for w, or nil if w is not one of the net
+// package's sockets.
+func newSink(w io.Writer) *sink {
+	if !kernelSocket(w) {
+		return nil
+	}
+	raw, err := w.(syscall.Conn).SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &sink{raw: raw}
+	s.fn = s.attempt
+	return s
+}
+
+// try writes as much of p as the socket takes without waiting and returns
+// how much that was. An error (the socket's write deadline passed, the
+// socket is closed or broken) writes nothing more: the copy's own write
+// meets it.
+func (s *sink) try(p []byte) int {
+	s.p, s.n = p, 0
+	s.raw.Write(s.fn)
+	s.p = nil
+	return s.n
+}
+
+// attempt writes until the socket would wait; it never asks to wait.
+func (s *sink) attempt(fd uintptr) bool {
+	for s.n < len(s.p) {
+		n, err := syscall.Write(int(fd), s.p[s.n:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || n <= 0 {
+			break
+		}
+		s.n += n
+	}
+	return true
+}

@@ -23,6 +23,13 @@ func newIdleSocket(io.Reader, *readSize) *idleSocket { return nil }
 
 func (*idleSocket) read() ([]byte, int, error) { panic("unreachable") }
 
+// sink is Linux-only: elsewhere the copy writes every byte itself.
+type sink struct{}
+
+func newSink(io.Writer) *sink { return nil }
+
+func (*sink) try([]byte) int { panic("unreachable") }
+
 // WaitingConn is Linux-only: elsewhere c is returned as it is, and a copy
 // from what wraps it holds its buffer while it waits.
 func WaitingConn(c net.Conn) net.Conn { return c }

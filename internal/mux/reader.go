@@ -147,16 +147,13 @@ func (s *Session) handleData(h header, payload []byte, owned bool) error {
 		}
 		return err
 	}
-	var chunk []byte
 	if len(payload) > 0 {
-		chunk = payload
-		if !owned {
-			chunk = getChunk(len(payload))
-			copy(chunk, payload)
-		}
 		s.probeBDP(len(payload))
+	} else if owned {
+		putChunk(payload)
+		payload = nil
 	}
-	if st.receive(chunk, h.flags&flagFin != 0) {
+	if st.receive(payload, owned, h.flags&flagFin != 0) {
 		st.Reset(CodeFlowControl)
 	}
 	return nil

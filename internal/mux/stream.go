@@ -35,6 +35,15 @@ type Stream struct {
 	wfin     bool  // this end writes no more (its FIN is sent or on its way)
 	closed   bool  // Close was called
 	err      error // the stream was reset, or the session ended
+
+	// Direct delivery (see deliverLocked): the socket the stream's copy
+	// writes to, whether the copy waits for bytes with nothing to write,
+	// whether the reading goroutine is writing to the socket, and the
+	// bytes it wrote that the copy has not counted yet.
+	sink     *sink
+	sinkIdle bool
+	sinking  bool
+	sunk     int
 }
 
 func newStream(s *Session, id uint32, meta []byte) *Stream {
@@ -386,39 +395,85 @@ func (st *Stream) RemoteAddr() net.Addr { return st.s.conn.RemoteAddr() }
 
 // The reading goroutine's side.
 
-// receive adds a DATA frame's payload (a chunk the stream now owns, or
-// nil) and reports whether the peer broke the stream's credit.
-func (st *Stream) receive(chunk []byte, fin bool) (over bool) {
+// receive adds a DATA frame's payload (owned: a chunk the stream now
+// owns; otherwise the read buffer's, copied if kept) and reports whether
+// the peer broke the stream's credit.
+func (st *Stream) receive(payload []byte, owned, fin bool) (over bool) {
+	drop := func() {
+		if owned && payload != nil {
+			putChunk(payload)
+		}
+	}
 	st.mu.Lock()
-	n := len(chunk)
+	n := len(payload)
 	if st.closed || st.err != nil {
 		st.mu.Unlock()
-		if chunk != nil {
-			putChunk(chunk)
-		}
+		drop()
 		return false
 	}
 	st.recvd += int64(n)
 	if st.recvd > st.granted || st.rfin {
 		st.mu.Unlock()
-		putChunk(chunk)
+		drop()
 		return true
 	}
-	if n > 0 {
-		st.chunks = append(st.chunks, chunk)
+	k, inc, tried := st.deliverLocked(payload)
+	switch {
+	case k == n:
+		drop()
+	case st.closed || st.err != nil: // while the lock was let go
+		drop()
+		fin = false
+	case k > 0 && owned:
+		st.chunks = append(st.chunks, payload)
+		st.roff = k
+		st.buffered += n - k
+	case owned:
+		st.chunks = append(st.chunks, payload)
 		st.buffered += n
+	default:
+		chunk := getChunk(n - k)
+		copy(chunk, payload[k:])
+		st.chunks = append(st.chunks, chunk)
+		st.buffered += n - k
 	}
 	done := false
 	if fin {
 		st.rfin = true
 		done = st.wfin
 	}
+	// The copy is woken for bytes to write, for the end, or when it
+	// stopped waiting during the write (see takeChunks).
+	wake := st.buffered > 0 || fin || tried && !st.sinkIdle
 	st.mu.Unlock()
-	signal(st.readable)
+	st.grant(inc)
+	if wake {
+		signal(st.readable)
+	}
 	if done {
 		st.s.remove(st.id)
 	}
 	return false
+}
+
+// deliverLocked writes what of p the stream's sink takes at once, when
+// the copy that writes to the sink waits with nothing to write, so that
+// the bytes reach the socket from the reading goroutine without a wake-up
+// of the copy's. It never waits on the socket: what is left is queued for
+// the copy. It lets the lock go while it writes (the copy, woken, waits
+// for the write to end: see takeChunks) and returns the bytes written,
+// the credit to grant for them, and whether it tried.
+func (st *Stream) deliverLocked(p []byte) (int, int64, bool) {
+	if len(p) == 0 || !st.sinkIdle || st.sinking || st.buffered > 0 {
+		return 0, 0, false
+	}
+	st.sinking = true
+	st.mu.Unlock()
+	k := st.sink.try(p)
+	st.mu.Lock()
+	st.sinking = false
+	st.sunk += k
+	return k, st.consumedLocked(k), true
 }
 
 func (st *Stream) addCredit(n uint32) (over bool) {
