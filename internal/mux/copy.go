@@ -50,12 +50,13 @@ func (st *Stream) WriteTo(w io.Writer) (int64, error) {
 }
 
 // writeStep returns a step that waits for received bytes and writes them
-// to w. When w is a socket, the session's reading goroutine writes what
-// arrives while the step waits with nothing to write straight to it (see
-// Stream.deliverLocked); the step counts those bytes too.
+// to w. When w is a socket, a stream or a Carrier of one, the session's
+// reading goroutine writes what arrives while the step waits with nothing
+// to write straight to it (see Stream.deliverLocked); the step counts
+// those bytes too.
 func (st *Stream) writeStep(w io.Writer) func() (int, error) {
 	var spare net.Buffers // reused between writes; WriteTo consumes what it is given
-	sk := newSink(w)
+	sk := deliveryTo(w)
 	return func() (int, error) {
 		chunks, roff, n, sunk, err := st.takeChunks(sk)
 		if err != nil {
@@ -79,7 +80,7 @@ func (st *Stream) writeStep(w io.Writer) func() (int, error) {
 // peer: the chunks, where the first's unread bytes begin, and how many
 // bytes they hold; and the bytes the reading goroutine wrote to sk (when
 // not nil) while it waited.
-func (st *Stream) takeChunks(sk *sink) (chunks [][]byte, roff, n, sunk int, err error) {
+func (st *Stream) takeChunks(sk deliverer) (chunks [][]byte, roff, n, sunk int, err error) {
 	st.mu.Lock()
 	st.sink, st.sinkIdle = sk, sk != nil
 	err = st.waitReadableLocked()

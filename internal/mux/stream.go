@@ -36,11 +36,11 @@ type Stream struct {
 	closed   bool  // Close was called
 	err      error // the stream was reset, or the session ended
 
-	// Direct delivery (see deliverLocked): the socket the stream's copy
-	// writes to, whether the copy waits for bytes with nothing to write,
-	// whether the reading goroutine is writing to the socket, and the
-	// bytes it wrote that the copy has not counted yet.
-	sink     *sink
+	// Direct delivery (see deliverLocked): the socket or stream the
+	// stream's copy writes to, whether the copy waits for bytes with
+	// nothing to write, whether the reading goroutine is writing to the
+	// sink, and the bytes it wrote that the copy has not counted yet.
+	sink     deliverer
 	sinkIdle bool
 	sinking  bool
 	sunk     int
@@ -458,8 +458,8 @@ func (st *Stream) receive(payload []byte, owned, fin bool) (over bool) {
 
 // deliverLocked writes what of p the stream's sink takes at once, when
 // the copy that writes to the sink waits with nothing to write, so that
-// the bytes reach the socket from the reading goroutine without a wake-up
-// of the copy's. It never waits on the socket: what is left is queued for
+// the bytes reach the socket, or the connection of the stream the copy
+// writes to, from the reading goroutine without a wake-up of the copy's. It never waits on the socket: what is left is queued for
 // the copy. It lets the lock go while it writes (the copy, woken, waits
 // for the write to end: see takeChunks) and returns the bytes written,
 // the credit to grant for them, and whether it tried.
@@ -495,4 +495,59 @@ func (st *Stream) fail(err error) {
 	st.mu.Unlock()
 	signal(st.readable)
 	signal(st.writable)
+}
+
+// deliverer is where the reading goroutine delivers a stream's bytes
+// while the stream's copy waits (see deliverLocked): try writes what it
+// takes of p at once, without waiting, and returns how much that was.
+type deliverer interface{ try(p []byte) int }
+
+// Carrier is a connection that carries a stream under a wrapper of its
+// own (one that translates the stream's errors, say) and whose Write
+// passes the bytes on to the stream unchanged: a copy from another stream
+// to it may write to the carried stream directly (see deliverLocked). A
+// wrapper that changes the bytes must not be a Carrier.
+type Carrier interface {
+	CarriedStream() *Stream
+}
+
+// deliveryTo returns where the reading goroutine may deliver the bytes of
+// a copy to w: w's socket, or the stream w is or carries; nil if nowhere.
+func deliveryTo(w io.Writer) deliverer {
+	if sk := newSink(w); sk != nil {
+		return sk
+	}
+	switch w := w.(type) {
+	case *Stream:
+		return streamSink{w}
+	case Carrier:
+		if st := w.CarriedStream(); st != nil {
+			return streamSink{st}
+		}
+	}
+	return nil
+}
+
+// streamSink delivers to a stream on another session: see Stream.tryWrite.
+type streamSink struct{ st *Stream }
+
+func (s streamSink) try(p []byte) int { return s.st.tryWrite(p) }
+
+// tryWrite writes p to the stream as one DATA frame on the session's
+// connection, from the calling goroutine and without waiting (see
+// writer.tryWrite), when the stream is open, has credit for all of p, has
+// no write deadline past, and no one else writes on the connection. It
+// returns len(p), or 0 having written nothing: the caller's copy then
+// writes p as usual.
+func (st *Stream) tryWrite(p []byte) int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(p) == 0 || st.closed || st.err != nil || st.wfin || st.opening || st.credit < int64(len(p)) || len(p) > st.s.cfg.WriteFrame || isClosed(st.wdl.wait()) {
+		return 0
+	}
+	if !st.s.w.tryWrite(frame(header{typ: typeData, stream: st.id, value: uint32(len(p))}, p)) {
+		return 0
+	}
+	st.credit -= int64(len(p))
+	return len(p)
 }

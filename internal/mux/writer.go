@@ -10,6 +10,7 @@ import (
 type outFrame struct {
 	hdr     [headerLen]byte
 	payload []byte
+	rest    bool // payload is the unwritten end of a frame (see tryWrite): no header of its own
 }
 
 func frame(h header, payload []byte) outFrame {
@@ -27,7 +28,8 @@ func frame(h header, payload []byte) outFrame {
 // is writing.
 type writer struct {
 	s        *Session
-	coalesce bool // the connection gains nothing from writev: copy frames into one buffer
+	coalesce bool  // the connection gains nothing from writev: copy frames into one buffer
+	direct   *sink // the connection's socket, for tryWrite; nil if it has none
 
 	mu      sync.Mutex // guards the fields below
 	cond    sync.Cond  // signalled when frames are written, or writing stops
@@ -46,9 +48,55 @@ func (w *writer) init(s *Session) {
 	w.cond.L = &w.mu
 	switch s.conn.(type) {
 	case *net.TCPConn, *net.UnixConn:
+		w.direct = newSink(s.conn)
 	default:
 		w.coalesce = true // a TLS record per slice would cost more than a copy
 	}
+}
+
+// directMax is the largest payload tryWrite writes: larger ones are a
+// bulk transfer's, which gains nothing from sparing a wake-up.
+const directMax = 16 << 10
+
+// tryWrite writes f on the connection from the calling goroutine without
+// waiting, if no one is writing and nothing is queued: the reading
+// goroutine of another session so passes a stream's bytes on (see
+// Stream.tryWrite) without waking a copy's goroutine. What the socket does
+// not take at once is queued, ahead of anything queued meanwhile, for a
+// goroutine to write. It reports false, having done nothing, when the
+// connection is busy or has no socket; f's payload is not kept.
+func (w *writer) tryWrite(f outFrame) bool {
+	if w.direct == nil || len(f.payload) > directMax {
+		return false
+	}
+	w.mu.Lock()
+	if w.err != nil || w.writing || len(w.queue) > 0 {
+		w.mu.Unlock()
+		return false
+	}
+	w.writing = true
+	w.mu.Unlock()
+	buf := getChunk(headerLen + len(f.payload))
+	copy(buf, f.hdr[:])
+	copy(buf[headerLen:], f.payload)
+	k := w.direct.try(buf)
+	w.mu.Lock()
+	w.writing = false
+	if k < len(buf) && w.err == nil {
+		rest := outFrame{payload: append([]byte(nil), buf[k:]...), rest: true}
+		w.queue = append(w.queue, outFrame{})
+		copy(w.queue[1:], w.queue)
+		w.queue[0] = rest
+		w.queued++ // the batch that writes rest writes what is behind it too
+	}
+	if w.waiters > 0 {
+		w.cond.Broadcast() // one of them may write next, or waits for the writing to stop
+	} else {
+		w.handOffLocked()
+	}
+	w.mu.Unlock()
+	putChunk(buf)
+	return true
 }
 
 // send queues frames and returns when they are written. Their payloads
@@ -209,7 +257,9 @@ func (w *writer) write(batch []outFrame) error {
 	}
 	w.bufs = w.bufs[:0]
 	for i := range batch {
-		w.bufs = append(w.bufs, batch[i].hdr[:])
+		if !batch[i].rest {
+			w.bufs = append(w.bufs, batch[i].hdr[:])
+		}
 		if len(batch[i].payload) > 0 {
 			w.bufs = append(w.bufs, batch[i].payload)
 		}
@@ -243,7 +293,9 @@ func (w *writer) writeCopied(batch []outFrame) error {
 				return err
 			}
 		}
-		buf = append(buf, f.hdr[:]...)
+		if !f.rest {
+			buf = append(buf, f.hdr[:]...)
+		}
 		if big {
 			if err := flush(); err != nil {
 				return err

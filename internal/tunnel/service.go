@@ -110,6 +110,9 @@ func (s *serviceStream) ReadFrom(r io.Reader) (int64, error) {
 	return n, s.mapError(err)
 }
 
+// CarriedStream returns the stream: Write changes only its errors.
+func (s *serviceStream) CarriedStream() *mux.Stream { return s.Stream }
+
 func (s *serviceStream) mapError(err error) error {
 	var re *mux.ResetError
 	if errors.As(err, &re) && re.Remote && re.Code >= CodeUnknownService && re.Code <= CodeServiceUnreachable {
