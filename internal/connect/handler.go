@@ -195,6 +195,24 @@ func (c *refusable) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// WriteTo writes what the service sends to w through the copy of what
+// carries it (a tunnel's stream: see mux.Carrier), checking its end as
+// Read does.
+func (c *refusable) WriteTo(w io.Writer) (int64, error) {
+	n, err := mux.Copy(w, c.Conn)
+	c.check(err)
+	return n, err
+}
+
+// CarriedStream returns the stream the service's side is, if it is one:
+// Write changes nothing of what it writes.
+func (c *refusable) CarriedStream() *mux.Stream {
+	if cr, ok := c.Conn.(mux.Carrier); ok {
+		return cr.CarriedStream()
+	}
+	return nil
+}
+
 // CloseWrite half-closes the service's side, when it can.
 func (c *refusable) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/auth"
 	"github.com/switchboard-relay/switchboard/internal/connect"
 	"github.com/switchboard-relay/switchboard/internal/forward"
+	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/secret"
@@ -208,6 +210,23 @@ func (c *serviceConn) Read(p []byte) (int, error) {
 func (c *serviceConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	return n, connectError(err)
+}
+
+// WriteTo writes what the service sends to w, through the stream's own
+// copy, so that the bytes the agent sends while w waits reach w from the
+// tunnel's reading goroutine (see mux.Carrier).
+func (c *serviceConn) WriteTo(w io.Writer) (int64, error) {
+	n, err := mux.Copy(w, c.Conn)
+	return n, connectError(err)
+}
+
+// CarriedStream returns the stream to the agent: Write changes only its
+// errors.
+func (c *serviceConn) CarriedStream() *mux.Stream {
+	if cr, ok := c.Conn.(mux.Carrier); ok {
+		return cr.CarriedStream()
+	}
+	return nil
 }
 
 // CloseWrite half-closes the stream.
