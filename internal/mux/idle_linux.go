@@ -48,7 +48,7 @@ func (r *rawReader) attempt(fd uintptr) bool {
 		r.buf = getChunk(readBufSize)
 	}
 	for {
-		n, err := syscall.Read(int(fd), r.buf[r.w:])
+		n, err := sysRead(int(fd), r.buf[r.w:])
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -117,7 +117,7 @@ func newIdleSocket(src io.Reader, sizes *readSize) *idleSocket {
 func (s *idleSocket) attempt(fd uintptr) bool {
 	buf := getChunk(s.sizes.size())
 	for {
-		n, err := syscall.Read(int(fd), buf)
+		n, err := sysRead(int(fd), buf)
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -209,9 +209,13 @@ type sink struct {
 	raw syscall.RawConn
 	fn  func(fd uintptr) bool
 
-	// The write in progress: the bytes, and how many were written.
-	p []byte
-	n int
+	// The write in progress: the bytes, and how many were written; or for
+	// tryBuffers, the buffers left and the vector passed to writev.
+	p    []byte
+	n    int
+	bufs net.Buffers
+	iov  []syscall.Iovec
+	fnv  func(fd uintptr) bool
 }
 
 // newSink returns a sink for w, or nil if w is not one of the net
@@ -226,7 +230,63 @@ func newSink(w io.Writer) *sink {
 	}
 	s := &sink{raw: raw}
 	s.fn = s.attempt
+	s.fnv = s.attemptBuffers
 	return s
+}
+
+// maxIovecs bounds one writev's vector (the kernel's IOV_MAX).
+const maxIovecs = 1024
+
+// tryBuffers writes as much of bufs as the socket takes without waiting,
+// with writev, and returns what is left, for a write that may wait.
+func (s *sink) tryBuffers(bufs net.Buffers) net.Buffers {
+	s.bufs = bufs
+	s.raw.Write(s.fnv)
+	rest := s.bufs
+	s.bufs = nil
+	return rest
+}
+
+func (s *sink) attemptBuffers(fd uintptr) bool {
+	for len(s.bufs) > 0 {
+		s.iov = s.iov[:0]
+		for _, b := range s.bufs {
+			if len(s.iov) == maxIovecs {
+				break
+			}
+			if len(b) > 0 {
+				v := syscall.Iovec{Base: &b[0]}
+				v.SetLen(len(b))
+				s.iov = append(s.iov, v)
+			}
+		}
+		if len(s.iov) == 0 {
+			s.bufs = nil
+			break
+		}
+		n, err := sysWritev(int(fd), s.iov)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || n <= 0 {
+			break
+		}
+		consume(&s.bufs, n)
+	}
+	clear(s.iov[:cap(s.iov)]) // hold no pointer to the buffers
+	return true
+}
+
+// consume drops the first n bytes of *bufs.
+func consume(bufs *net.Buffers, n int) {
+	for len(*bufs) > 0 && n >= len((*bufs)[0]) {
+		n -= len((*bufs)[0])
+		(*bufs)[0] = nil
+		*bufs = (*bufs)[1:]
+	}
+	if n > 0 {
+		(*bufs)[0] = (*bufs)[0][n:]
+	}
 }
 
 // try writes as much of p as the socket takes without waiting and returns
@@ -243,7 +303,7 @@ func (s *sink) try(p []byte) int {
 // attempt writes until the socket would wait; it never asks to wait.
 func (s *sink) attempt(fd uintptr) bool {
 	for s.n < len(s.p) {
-		n, err := syscall.Write(int(fd), s.p[s.n:])
+		n, err := sysWrite(int(fd), s.p[s.n:])
 		if err == syscall.EINTR {
 			continue
 		}

@@ -30,6 +30,8 @@ func newSink(io.Writer) *sink { return nil }
 
 func (*sink) try([]byte) int { panic("unreachable") }
 
+func (*sink) tryBuffers(net.Buffers) net.Buffers { panic("unreachable") }
+
 // WaitingConn is Linux-only: elsewhere c is returned as it is, and a copy
 // from what wraps it holds its buffer while it waits.
 func WaitingConn(c net.Conn) net.Conn { return c }

@@ -265,6 +265,14 @@ func (w *writer) write(batch []outFrame) error {
 		}
 	}
 	bufs := w.bufs
+	if w.direct != nil {
+		// What the socket takes at once, without the bookkeeping of a
+		// call that may wait (see sysWrite); the rest waits as usual.
+		if bufs = w.direct.tryBuffers(bufs); len(bufs) == 0 {
+			clear(w.bufs)
+			return nil
+		}
+	}
 	_, err := bufs.WriteTo(w.s.conn)
 	clear(w.bufs)
 	return err
