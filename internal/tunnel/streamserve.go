@@ -106,9 +106,9 @@ func join(st *mux.Stream, backend net.Conn) {
 			hc.CloseWrite()
 		}
 	})
-	buf := joinBuffers.Get().(*[32 << 10]byte)
-	_, err := io.CopyBuffer(st, onlyReader{backend}, buf[:])
-	joinBuffers.Put(buf)
+	// The stream's ReadFrom waits for a socket's bytes holding no buffer
+	// and reads it with its own system calls.
+	_, err := st.ReadFrom(backend)
 	if err != nil {
 		st.Reset(mux.CodeCancel)
 		backend.Close()
@@ -120,9 +120,6 @@ func join(st *mux.Stream, backend net.Conn) {
 	st.Close()
 }
 
-// joinBuffers recycles join's copy buffers.
-var joinBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
-
-// onlyReader hides a connection's WriteTo, so that io.CopyBuffer reads
-// into the given buffer and writes to the stream.
+// onlyReader hides a reader's WriteTo, so that io.Copy does not call it
+// again.
 type onlyReader struct{ io.Reader }
