@@ -20,10 +20,11 @@ var layers = [][]string{
 	// errors are told.
 	{"config", "httperr", "logkey"},
 	// Pure policy, protocol and plumbing: nothing below but the shared.
-	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "splice", "proxyproto", "sni", "tcpconns", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
+	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "proxyproto", "sni", "tcpconns", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols; replay reads the errors of
-	// the HTTP libraries and of mux; flows carries UDP flows over streams.
-	{"auth", "peer", "broker", "fleet", "replay", "flows"},
+	// the HTTP libraries and of mux; flows carries UDP flows over streams;
+	// splice joins connections with mux's copies.
+	{"auth", "peer", "broker", "fleet", "replay", "flows", "splice"},
 	{"access", "longpoll", "tunnel", "auth/authtest", "fleetsecret", "topic", "connect"},
 	// The fleet's mapped ports: their state, and listeners that open
 	// connections through connect's Opener; the operator API manages them.

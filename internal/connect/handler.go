@@ -141,7 +141,7 @@ func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow, source 
 		splice.Join(st, &refusable{Conn: conn, st: st})
 		return
 	}
-	tc := h.Conns.Open(tcpconns.Connect, target.Service, name, source, func() {
+	tc := h.Conns.Open(target.kind(), target.Service, name, source, func() {
 		st.Reset(mux.CodeCancel)
 		conn.Close()
 	})
@@ -171,7 +171,7 @@ func (h *Handler) refuse(target Target, name, source string, err error) {
 	if reason == tcpconns.ReasonUnknownService || reason == tcpconns.ReasonBadTarget || reason == tcpconns.ReasonForbidden {
 		svc = ""
 	}
-	h.Conns.Refuse(tcpconns.Connect, svc, name, source, reason, err)
+	h.Conns.Refuse(target.kind(), svc, name, source, reason, err)
 }
 
 // refusable is the service's side of a stream: a refusal it reports only

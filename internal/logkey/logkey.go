@@ -37,7 +37,7 @@ const (
 	Mode          = "mode"           // how a topic connection takes part: read, write
 	Peer          = "peer"           // whether a topic connection is another relay's
 	Relays        = "relays"         // relays' ids
-	Kind          = "kind"           // how a TCP connection reached the relay: connect, port
+	Kind          = "kind"           // how a connection reached the relay: connect, port, connect_udp, port_udp, passthrough
 )
 
 // Why, how long and how many.

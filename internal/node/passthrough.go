@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/connect"
 	"github.com/switchboard-relay/switchboard/internal/sni"
 	"github.com/switchboard-relay/switchboard/internal/splice"
+	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
@@ -36,6 +38,7 @@ type sniListener struct {
 	zone  string
 	hello time.Duration // how long a client may take to send its hello
 	open  func(ctx context.Context, t connect.Target) (net.Conn, error)
+	acct  *tcpconns.Tracker // accounts for every passthrough: metrics, logs, events, a drain's wait
 	log   *slog.Logger
 	ctx   context.Context // ends with closeAll: the relay stops
 	stop  context.CancelFunc
@@ -50,9 +53,9 @@ type sniListener struct {
 	pipes map[net.Conn]struct{}
 }
 
-func newSNIListener(inner net.Listener, zone string, hello time.Duration, open func(context.Context, connect.Target) (net.Conn, error), log *slog.Logger) *sniListener {
+func newSNIListener(inner net.Listener, zone string, hello time.Duration, open func(context.Context, connect.Target) (net.Conn, error), conns *tcpconns.Tracker, log *slog.Logger) *sniListener {
 	l := &sniListener{
-		Listener: inner, zone: zone, hello: hello, open: open,
+		Listener: inner, zone: zone, hello: hello, open: open, acct: conns,
 		log:   log.With(logkey.Component, "passthrough"),
 		conns: make(chan net.Conn), done: make(chan struct{}), stopped: make(chan struct{}),
 		pipes: map[net.Conn]struct{}{},
@@ -136,7 +139,7 @@ func (l *sniListener) route(c net.Conn) {
 	defer l.untrack(c)
 	defer c.Close()
 	if err != nil { // under the zone, but not SERVICE--DEVICE
-		l.log.Info("passthrough refused", logkey.Source, c.RemoteAddr().String(), logkey.Name, hello.ServerName, logkey.Err, err)
+		l.acct.Refuse(tcpconns.Passthrough, "", hello.ServerName, c.RemoteAddr().String(), tcpconns.ReasonBadTarget, err)
 		writeAlert(c, alertUnrecognizedName)
 		return
 	}
@@ -156,10 +159,9 @@ func (l *sniListener) toServer(c net.Conn, read []byte) {
 
 // passthrough carries c, whose hello asked for name, to the service.
 func (l *sniListener) passthrough(c net.Conn, hello sni.Hello, name sni.Name) {
-	start := time.Now()
 	src := c.RemoteAddr().String()
-	log := l.log.With(logkey.Source, src, logkey.Device, name.Device, logkey.Service, name.Service)
-	dev, err := l.open(l.ctx, connect.Target{Device: name.Device, Service: name.Service, Network: connect.Passthrough})
+	target := connect.Target{Device: name.Device, Service: name.Service, Network: connect.Passthrough}
+	dev, err := l.open(l.ctx, target)
 	if err == nil {
 		l.track(dev)
 		defer l.untrack(dev)
@@ -174,17 +176,31 @@ func (l *sniListener) passthrough(c net.Conn, hello sni.Hello, name sni.Name) {
 		n, err = dev.Read(first[:])
 	}
 	if err != nil && n == 0 {
-		log.Info("passthrough refused", logkey.Err, err)
+		l.refuse(target, src, err)
 		writeAlert(c, alertFor(err))
 		return
 	}
 	if _, err := c.Write(first[:n]); err != nil {
 		return
 	}
-	log.Info("passthrough connected")
+	tc := l.acct.Open(tcpconns.Passthrough, name.Service, target.String(), src, func() {
+		c.Close()
+		dev.Close()
+	})
 	res := splice.Join(c, dev)
-	log.Info("passthrough disconnected", logkey.DurationMS, time.Since(start).Milliseconds(),
-		logkey.BytesIn, res.AToB+int64(len(hello.Raw)), logkey.BytesOut, res.BToA+int64(n))
+	tc.Close(res.AToB+int64(len(hello.Raw)), res.BToA+int64(n))
+}
+
+// refuse accounts for a passthrough to target refused with err: the
+// service's name labels the refusal only when it is not the user's to
+// make up (see tcpconns.Tracker.Refuse).
+func (l *sniListener) refuse(target connect.Target, src string, err error) {
+	reason := cmp.Or(connect.Reason(err), tcpconns.ReasonUnreachable)
+	svc := target.Service
+	if reason == tcpconns.ReasonUnknownService || reason == tcpconns.ReasonForbidden {
+		svc = ""
+	}
+	l.acct.Refuse(tcpconns.Passthrough, svc, target.String(), src, reason, err)
 }
 
 // alertFor is the TLS alert that tells a user why a passthrough failed.

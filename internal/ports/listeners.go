@@ -179,7 +179,7 @@ func (p *portBase) mapping() Mapping { return p.m }
 func (p *portBase) admit(src netip.AddrPort) bool {
 	if !allows(p.prefixes, src.Addr()) {
 		p.log.Info("connection refused: source not allowed", logkey.Source, src)
-		p.refuse(src, tcpconns.ReasonSource, nil)
+		p.refuseConn(src, tcpconns.ReasonSource)
 		return false
 	}
 	if p.slots == nil {
@@ -190,16 +190,37 @@ func (p *portBase) admit(src netip.AddrPort) bool {
 		return true
 	default:
 		p.log.Info("connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
-		p.refuse(src, tcpconns.ReasonLimit, nil)
+		p.refuseConn(src, tcpconns.ReasonLimit)
 		return false
 	}
 }
 
-// refuse accounts for a connection from src refused for reason.
-func (p *portBase) refuse(src netip.AddrPort, reason string, err error) {
-	if p.acct != nil && p.m.Network != UDP {
-		p.acct.Refuse(tcpconns.Port, strconv.Itoa(p.m.Port), p.m.Target, src.String(), reason, err)
+// refuseConn accounts for a connection from src refused for reason by
+// the port itself. A UDP port asks for every datagram of a source with
+// no flow, so that its refusals are datagrams dropped, not counted.
+func (p *portBase) refuseConn(src netip.AddrPort, reason string) {
+	if p.m.Network != UDP {
+		p.refuse(src, reason, nil)
 	}
+}
+
+// refuse accounts for a connection (UDP: a flow) from src refused for
+// reason.
+func (p *portBase) refuse(src netip.AddrPort, reason string, err error) {
+	if p.acct == nil {
+		return
+	}
+	kind := tcpconns.Port
+	if p.m.Network == UDP {
+		kind = tcpconns.PortUDP
+	}
+	p.acct.Refuse(kind, strconv.Itoa(p.m.Port), p.m.Target, src.String(), reason, err)
+}
+
+// reasonOf names the refusal err is, unreachable when it is none of
+// connect's.
+func reasonOf(err error) string {
+	return cmp.Or(connect.Reason(err), tcpconns.ReasonUnreachable)
 }
 
 func (p *portBase) release() {
@@ -274,7 +295,7 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
 		p.log.Info("connection refused", logkey.Source, src, logkey.Err, err)
-		p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonUnreachable), err)
+		p.refuse(src, reasonOf(err), err)
 		return
 	}
 	p.track(dev)
