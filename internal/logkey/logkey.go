@@ -64,4 +64,5 @@ const (
 	Generation   = "generation"        // a fleet secret record's generation
 	Dropped      = "dropped"           // datagrams dropped: their flow's queue was full
 	Oversized    = "oversized"         // datagrams dropped: over the size a flow carries
+	Suppressed   = "suppressed"        // lines of this kind not logged before this one: over the rate
 )

@@ -1,8 +1,9 @@
 // Package tcpconns owns the account of the connections a relay carries
 // for users to devices' services (switchboard connect's streams, mapped
 // ports' connections, UDP flows, TLS passthroughs): it counts them in
-// metrics labelled by kind and service, tells of each one in the log and,
-// at a bounded rate, in the fleet's event log, and lets a drain wait for
+// metrics labelled by kind and service, tells of each one in the log
+// (refusals, which cost their sender nothing, at a bounded rate) and, at a
+// bounded rate, in the fleet's event log, and lets a drain wait for
 // them and cut what is left.
 //
 //	t := tcpconns.New(tcpconns.Config{Registry: reg, Logger: log, Record: rec})
@@ -26,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 // Kind says how a connection reached the relay.
@@ -120,13 +122,13 @@ type Tracker struct {
 	log *slog.Logger
 	m   metrics
 
-	mu      sync.Mutex // guards the fields below
-	open    map[*Conn]struct{}
-	idle    chan struct{}        // closed when open empties; nil while none wait
-	names   map[nameKey]*nameUse // service names admitted as labels
-	window  time.Time            // the second events are counted in
-	inWin   int                  // events recorded in window
-	skipped int                  // events not recorded since the last one that was
+	events   *lograte.Limiter // bounds the connect and disconnect events
+	refusals *lograte.Limiter // bounds the refusals' log lines: a flood of them costs its sender nothing
+
+	mu    sync.Mutex // guards the fields below
+	open  map[*Conn]struct{}
+	idle  chan struct{}        // closed when open empties; nil while none wait
+	names map[nameKey]*nameUse // service names admitted as labels
 }
 
 // New returns a tracker counting into cfg.Registry.
@@ -136,7 +138,9 @@ func New(cfg Config) *Tracker {
 		cfg.Now = time.Now
 	}
 	t := &Tracker{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), m: newMetrics(),
-		open: map[*Conn]struct{}{}, names: map[nameKey]*nameUse{}}
+		events:   lograte.New(cfg.EventsPerSecond).WithClock(cfg.Now),
+		refusals: lograte.New(lograte.DefaultPerSecond).WithClock(cfg.Now),
+		open:     map[*Conn]struct{}{}, names: map[nameKey]*nameUse{}}
 	if cfg.Registry != nil {
 		t.m.register(cfg.Registry)
 	}
@@ -297,7 +301,7 @@ func (c *Conn) Refused(reason string, err error) {
 		t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
 	}
 	t.m.refused.WithLabelValues(string(c.kind), label, reason).Inc()
-	t.log.Info(c.kind.noun()+" refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
+	t.refusals.Info(t.log, c.kind.noun()+" refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
 }
 
 // forget takes c out of the open connections, reporting whether it was
@@ -323,7 +327,7 @@ func (t *Tracker) Refuse(kind Kind, name, target, source, reason string, err err
 		label = t.known(kind, name)
 	}
 	t.m.refused.WithLabelValues(string(kind), label, reason).Inc()
-	t.log.Info(kind.noun()+" refused", logkey.Kind, kind, logkey.Target, target, logkey.Source, source, logkey.Reason, reason, logkey.Err, err)
+	t.refusals.Info(t.log, kind.noun()+" refused", logkey.Kind, kind, logkey.Target, target, logkey.Source, source, logkey.Reason, reason, logkey.Err, err)
 }
 
 // known returns name when a connection to it was carried, else OtherName:
@@ -411,20 +415,10 @@ func (t *Tracker) event(e Event) {
 	if t.cfg.Record == nil {
 		return
 	}
-	now := t.cfg.Now()
-	t.mu.Lock()
-	if now.Sub(t.window) >= time.Second {
-		t.window, t.inWin = now, 0
-	}
-	if t.inWin >= t.cfg.EventsPerSecond {
-		t.skipped++
-		t.mu.Unlock()
+	skipped, ok := t.events.Allow()
+	if !ok {
 		return
 	}
-	t.inWin++
-	skipped := t.skipped
-	t.skipped = 0
-	t.mu.Unlock()
 	if skipped > 0 {
 		e.Message += fmt.Sprintf(" (%d connection events not recorded before this one: over %d a second)", skipped, t.cfg.EventsPerSecond)
 	}

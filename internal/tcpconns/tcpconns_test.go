@@ -3,6 +3,7 @@ package tcpconns
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 func TestWaitAndCut(t *testing.T) {
@@ -168,4 +171,54 @@ func countLabels(t *testing.T, reg *prometheus.Registry, name, want string) int 
 		}
 	}
 	return n
+}
+
+// A flood of refusals, which costs its sender nothing, logs a few lines a
+// second; the next line let through counts those held back, and the
+// metrics count every one.
+func TestRefusalLinesBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var buf bytes.Buffer
+	now := time.Unix(1000, 0)
+	tr := New(Config{Registry: reg, Logger: slog.New(slog.NewTextHandler(&buf, nil)), Now: func() time.Time { return now }})
+	for range 1000 {
+		tr.Refuse(Port, "6379", "d/redis", "192.0.2.9:1", ReasonSource, nil)
+	}
+	if n := strings.Count(buf.String(), "tcp connection refused"); n != lograte.DefaultPerSecond {
+		t.Fatalf("%d refusal lines in one second, want %d", n, lograte.DefaultPerSecond)
+	}
+	buf.Reset()
+	now = now.Add(time.Second)
+	tr.Open(Port, "6379", "d/redis", "192.0.2.9:2", nil).Refused(ReasonRefused, nil)
+	if want := fmt.Sprintf("suppressed=%d", 1000-lograte.DefaultPerSecond); !strings.Contains(buf.String(), want) {
+		t.Errorf("no %s in the next second's line:\n%s", want, buf.String())
+	}
+	if n := counterValue(t, reg, "switchboard_tcp_refusals_total", "kind=port name=6379 reason=source_not_allowed"); n != 1000 {
+		t.Errorf("%v refusals counted, want 1000", n)
+	}
+}
+
+// counterValue is the value of the counter name in reg whose labels are
+// want, written as for countLabels.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, want string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			if strings.Join(ls, " ") == want {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
