@@ -19,6 +19,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 // DefaultUDPIdle is how long a UDP flow lasts without a datagram either way.
@@ -131,7 +132,8 @@ func (l *Listeners) start(m Mapping) (port, error) {
 	}
 	addr := net.JoinHostPort(l.Host, strconv.Itoa(m.Port))
 	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler)).With(logkey.Component, "ports", logkey.Port, m.Port, logkey.Network, m.Network, logkey.Target, m.Target)
-	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, acct: l.Conns, conns: map[net.Conn]struct{}{}}
+	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, lines: lograte.New(lograte.DefaultPerSecond),
+		acct: l.Conns, conns: map[net.Conn]struct{}{}}
 	if m.MaxConns > 0 {
 		base.slots = make(chan struct{}, m.MaxConns)
 	}
@@ -144,7 +146,7 @@ func (l *Listeners) start(m Mapping) (port, error) {
 			return nil, err
 		}
 		base.target.Network = connect.UDP
-		return newUDPPort(base, pc, flows.Config{Idle: l.UDPIdle, Queue: l.UDPQueue, Logger: log}), nil
+		return newUDPPort(base, pc, flows.Config{Idle: l.UDPIdle, Queue: l.UDPQueue, Logger: log, Lines: base.lines}), nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -163,6 +165,7 @@ type portBase struct {
 	prefixes []netip.Prefix
 	open     connect.Opener
 	log      *slog.Logger
+	lines    *lograte.Limiter  // bounds the refusals' lines (and the UDP flows'), which whoever reaches the port drives
 	acct     *tcpconns.Tracker // nil: connections are not accounted for
 	slots    chan struct{}     // a token per connection open, when bounded
 	ctx      context.Context
@@ -178,7 +181,7 @@ func (p *portBase) mapping() Mapping { return p.m }
 // admit reports whether a connection from src may go on, taking a slot.
 func (p *portBase) admit(src netip.AddrPort) bool {
 	if !allows(p.prefixes, src.Addr()) {
-		p.log.Info("connection refused: source not allowed", logkey.Source, src)
+		p.lines.Info(p.log, "connection refused: source not allowed", logkey.Source, src)
 		p.refuseConn(src, tcpconns.ReasonSource)
 		return false
 	}
@@ -189,7 +192,7 @@ func (p *portBase) admit(src netip.AddrPort) bool {
 	case p.slots <- struct{}{}:
 		return true
 	default:
-		p.log.Info("connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
+		p.lines.Info(p.log, "connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
 		p.refuseConn(src, tcpconns.ReasonLimit)
 		return false
 	}
@@ -294,7 +297,7 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 	start := time.Now()
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
-		p.log.Info("connection refused", logkey.Source, src, logkey.Err, err)
+		p.lines.Info(p.log, "connection refused", logkey.Source, src, logkey.Err, err)
 		p.refuse(src, reasonOf(err), err)
 		return
 	}
@@ -307,7 +310,7 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 			_, err = dev.Write(hdr)
 		}
 		if err != nil {
-			p.log.Info("connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
+			p.lines.Info(p.log, "connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
 			p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonProxyHeader), err)
 			dev.Close()
 			return
