@@ -283,26 +283,34 @@ func (p *tcpPort) accept() {
 			continue
 		}
 		p.track(c)
-		p.wg.Go(func() {
-			defer p.release()
-			defer p.untrack(c)
-			p.serve(c, src)
+		p.wg.Add(1)
+		go p.serve(c, src, func() {
+			c.Close()
+			p.untrack(c)
+			p.release()
+			p.wg.Done()
 		})
 	}
 }
 
-// serve carries one connection to the device's service.
-func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
-	defer c.Close()
+// serve carries one connection to the device's service, calling end once
+// it has ended. It returns once the joining has started: the copies wait
+// for bytes in goroutines of their own (splice.Start), so that an idle
+// connection holds no goroutine whose stack grew while it opened.
+func (p *tcpPort) serve(c net.Conn, src netip.AddrPort, end func()) {
 	start := time.Now()
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
 		p.lines.Info(p.log, "connection refused", logkey.Source, src, logkey.Err, err)
 		p.refuse(src, reasonOf(err), err)
+		end()
 		return
 	}
 	p.track(dev)
-	defer p.untrack(dev)
+	done := func() {
+		p.untrack(dev)
+		end()
+	}
 	if p.m.ProxyProtocol {
 		dst, _ := netip.ParseAddrPort(c.LocalAddr().String())
 		hdr, err := proxyproto.Append(nil, proxyproto.Header{Source: src, Destination: dst})
@@ -313,24 +321,29 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 			p.lines.Info(p.log, "connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
 			p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonProxyHeader), err)
 			dev.Close()
+			done()
 			return
 		}
 	}
 	if p.acct == nil {
 		p.log.Info("connected", logkey.Source, src)
-		res := splice.Join(c, dev)
-		p.log.Info("disconnected", logkey.Source, src, logkey.DurationMS, time.Since(start).Milliseconds(),
-			logkey.BytesIn, res.AToB, logkey.BytesOut, res.BToA)
+		splice.Start(c, dev, func(res splice.Result) {
+			defer done()
+			p.log.Info("disconnected", logkey.Source, src, logkey.DurationMS, time.Since(start).Milliseconds(),
+				logkey.BytesIn, res.AToB, logkey.BytesOut, res.BToA)
+		})
 		return
 	}
 	tc := p.acct.Open(tcpconns.Port, strconv.Itoa(p.m.Port), p.m.Target, src.String(), func() {
 		c.Close()
 		dev.Close()
 	})
-	res := splice.Join(c, dev)
-	if reason := connect.Reason(res.Err); reason != "" && res.BToA == 0 {
-		tc.Refused(reason, res.Err)
-		return
-	}
-	tc.Close(res.AToB, res.BToA)
+	splice.Start(c, dev, func(res splice.Result) {
+		defer done()
+		if reason := connect.Reason(res.Err); reason != "" && res.BToA == 0 {
+			tc.Refused(reason, res.Err)
+			return
+		}
+		tc.Close(res.AToB, res.BToA)
+	})
 }
