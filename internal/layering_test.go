@@ -19,6 +19,8 @@ var layers = [][]string{
 	// What every component shares: how its configuration and its HTTP
 	// errors are told.
 	{"config", "httperr", "logkey"},
+	// How often a hot path logs.
+	{"lograte"},
 	// Pure policy, protocol and plumbing: nothing below but the shared.
 	{"backoff", "ranking", "secret", "wire", "mux", "service", "datagram", "proxyproto", "sni", "tcpconns", "limit", "watchdog", "store", "kvmirror", "tlsconf", "testkit", "natscluster", "tlsconf/tlstest", "tunnel/livenesstest"},
 	// State and the halves of the protocols; replay reads the errors of

@@ -38,6 +38,8 @@ type config struct {
 	fDur     time.Duration
 	fWorkers int
 	keep     bool
+	heapDir  string
+	through  map[string]bool // the paths of the many connections
 }
 
 // peer is a peer binary given by path.
@@ -71,7 +73,7 @@ func exit(err error) {
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench/tcp", flag.ContinueOnError)
 	cfg := &config{}
-	var tests string
+	var tests, through string
 	fs.StringVar(&cfg.bin, "bin", "", "switchboard `binary` to use; empty builds one")
 	fs.Func("peer", "a peer to measure too: chisel=`PATH` (its binary); repeatable", func(s string) error {
 		name, path, ok := strings.Cut(s, "=")
@@ -89,6 +91,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.conns, "conns", 10000, "TCP connections held open at once to one device through a mapped port")
 	fs.DurationVar(&cfg.fDur, "failover-duration", 6*time.Second, "how long the failover load runs after the kill")
 	fs.IntVar(&cfg.fWorkers, "failover-workers", 16, "clients opening TCP connections in the failover load")
+	fs.StringVar(&through, "conns-through", "connect,mapped port", "paths the many connections are measured through, comma-separated, in this order: connect, mapped port (each after the other in the same processes: measure one alone for its relay's memory unmixed)")
+	fs.StringVar(&cfg.heapDir, "heap-profile-dir", "", "write the relay's heap profile, taken while the many connections are open, to this `dir`")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temp dir (logs) and print its path")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -100,6 +104,15 @@ func parseFlags(args []string) (*config, error) {
 			cfg.tests[t] = true
 		default:
 			return nil, fmt.Errorf("-tests: unknown measurement %q", t)
+		}
+	}
+	cfg.through = map[string]bool{}
+	for _, t := range strings.Split(through, ",") {
+		switch t = strings.TrimSpace(t); t {
+		case "connect", "mapped port":
+			cfg.through[t] = true
+		default:
+			return nil, fmt.Errorf("-conns-through: unknown path %q", t)
 		}
 	}
 	return cfg, nil

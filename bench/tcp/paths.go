@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,6 +26,7 @@ type path struct {
 	name         string
 	addr         string          // what the clients dial
 	relay, agent *procfleet.Proc // the processes whose memory is read; nil for direct
+	admin        *control.Client // the relay's operator API, for its Go memory; nil for others
 	note         string
 }
 
@@ -115,13 +117,13 @@ func runPaths(ctx context.Context, cfg *config, dir string) error {
 		"--listen", local, "--log-level", "warn", device+"/"+svc); err != nil {
 		return err
 	}
-	paths = append(paths, &path{name: "connect", addr: local, relay: relay, agent: agent,
+	paths = append(paths, &path{name: "connect", addr: local, relay: relay, agent: agent, admin: api,
 		note: "one more process on the path: switchboard connect's local listener"})
 	mapped, _ := strconv.Atoi(benchkit.FreePort())
 	if _, err := api.AddPort(ctx, control.PortRequest{Port: mapped, Target: device + "/" + svc}); err != nil {
 		return fmt.Errorf("map a port: %w", err)
 	}
-	paths = append(paths, &path{name: "mapped port", addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mapped)), relay: relay, agent: agent})
+	paths = append(paths, &path{name: "mapped port", addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mapped)), relay: relay, agent: agent, admin: api})
 
 	for _, p := range cfg.peers {
 		ctl, pub := "127.0.0.1:"+benchkit.FreePort(), "127.0.0.1:"+benchkit.FreePort()
@@ -165,8 +167,8 @@ func runPaths(ctx context.Context, cfg *config, dir string) error {
 	}
 	if cfg.tests["conns"] {
 		for _, p := range paths {
-			if p.name == "connect" || p.name == "mapped port" {
-				if err := manyConns(ctx, p, cfg.conns); err != nil {
+			if cfg.through[p.name] {
+				if err := manyConns(ctx, p, cfg.conns, cfg.heapDir); err != nil {
 					fmt.Printf("%d connections through %s: %v\n", cfg.conns, p.name, err)
 				}
 			}
@@ -312,10 +314,15 @@ func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
 
 // manyConns holds n connections open at once through p, each after one
 // round trip, and reports the relay's and the agent's memory per
-// connection.
-func manyConns(ctx context.Context, p *path, n int) error {
+// connection: their RSS, and the relay's Go memory in use (heap and
+// stacks, after a collection), which the paths measured before do not
+// hide as they do RSS (Go keeps the heap it grew). With heapDir, the
+// relay's heap profile while they are open is written there, and its
+// goroutines' stacks beside it.
+func manyConns(ctx context.Context, p *path, n int, heapDir string) error {
 	relay0, _ := rss(p.relay)
 	agent0, _ := rss(p.agent)
+	goMem0, _ := goMemory(ctx, p.admin, "")
 	conns := make([]net.Conn, n)
 	var mu sync.Mutex
 	var firstErr error
@@ -358,6 +365,11 @@ func manyConns(ctx context.Context, p *path, n int) error {
 	}
 	relay1, _ := rss(p.relay)
 	agent1, _ := rss(p.agent)
+	profile := ""
+	if heapDir != "" {
+		profile = filepath.Join(heapDir, "relay-heap-"+strings.ReplaceAll(p.name, " ", "-")+".pprof")
+	}
+	goMem1, goErr := goMemory(ctx, p.admin, profile)
 	// One more round trip on each, all open: they all still carry.
 	for _, c := range conns {
 		if c == nil {
@@ -380,10 +392,96 @@ func manyConns(ctx context.Context, p *path, n int) error {
 		n, p.name, open, took.Round(time.Millisecond))
 	fmt.Printf("  relay VmRSS %s → %s: %.1f KiB per connection\n", mib(relay0), mib(relay1), float64(relay1-relay0)/1024/float64(max(open, 1)))
 	fmt.Printf("  agent VmRSS %s → %s: %.1f KiB per connection\n", mib(agent0), mib(agent1), float64(agent1-agent0)/1024/float64(max(open, 1)))
+	switch {
+	case p.admin == nil:
+	case goErr != nil:
+		fmt.Printf("  relay Go memory: %v\n", goErr)
+	default:
+		per := func(a, b int64) float64 { return float64(b-a) / 1024 / float64(max(open, 1)) }
+		fmt.Printf("  relay Go memory in use (heap + stacks, after a GC) %s → %s: %.1f KiB per connection (heap %.1f, stacks %.1f); goroutines %d → %d\n",
+			mib(goMem0.bytes), mib(goMem1.bytes), per(goMem0.bytes, goMem1.bytes), per(goMem0.heap, goMem1.heap), per(goMem0.stacks, goMem1.stacks),
+			goMem0.goroutines, goMem1.goroutines)
+		if profile != "" {
+			fmt.Printf("  relay heap profile: %s\n", profile)
+		}
+	}
 	if firstErr != nil {
 		return fmt.Errorf("%d of %d failed; first: %w", n-open, n, firstErr)
 	}
 	return nil
+}
+
+// goMem is a relay's Go memory in use.
+type goMem struct {
+	bytes        int64 // heap in use and stacks
+	heap, stacks int64
+	goroutines   int64
+}
+
+// goMemory reads the relay's Go memory from its operator API after a
+// collection (the heap profile's gc=1), writing the profile to file if
+// one is given.
+func goMemory(ctx context.Context, api *control.Client, file string) (goMem, error) {
+	if api == nil {
+		return goMem{}, nil
+	}
+	get := func(path string) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.BaseURL+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+api.Token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("GET %s: %s", path, resp.Status)
+		}
+		return io.ReadAll(resp.Body)
+	}
+	prof, err := get(control.PathDebugProfiles + "heap?gc=1")
+	if err != nil {
+		return goMem{}, err
+	}
+	if file != "" {
+		if err := os.WriteFile(file, prof, 0o644); err != nil {
+			return goMem{}, err
+		}
+		stacks, err := get(control.PathDebugProfiles + "goroutine?debug=1")
+		if err != nil {
+			return goMem{}, err
+		}
+		if err := os.WriteFile(strings.TrimSuffix(file, ".pprof")+"-goroutines.txt", stacks, 0o644); err != nil {
+			return goMem{}, err
+		}
+	}
+	metrics, err := get(control.PathMetrics)
+	if err != nil {
+		return goMem{}, err
+	}
+	var m goMem
+	for _, l := range strings.Split(string(metrics), "\n") {
+		name, v, ok := strings.Cut(l, " ")
+		if !ok {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "go_memstats_heap_inuse_bytes":
+			m.heap = int64(f)
+		case "go_memstats_stack_inuse_bytes":
+			m.stacks = int64(f)
+		case "go_goroutines":
+			m.goroutines = int64(f)
+		}
+	}
+	m.bytes = m.heap + m.stacks
+	return m, nil
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 	"github.com/switchboard-relay/switchboard/internal/service"
 )
 
@@ -36,6 +37,8 @@ type Agent struct {
 	announce string                     // what a version 2 relay learns of them
 
 	moving sync.WaitGroup // version 2 tunnels left at a GOAWAY, serving their last streams
+
+	flowLines *lograte.Limiter // bounds the log lines of UDP flows, which the relay's users drive
 
 	mu    sync.Mutex // guards state
 	state string     // last logged connection state
@@ -67,11 +70,12 @@ func New(cfg Config) (*Agent, error) {
 		byName[sv.Name] = sv
 	}
 	return &Agent{
-		byName:   byName,
-		announce: announce,
-		cfg:      cfg,
-		instance: hex.EncodeToString(id[:]),
-		relay:    &http.Client{Transport: relayTransport},
+		byName:    byName,
+		announce:  announce,
+		cfg:       cfg,
+		instance:  hex.EncodeToString(id[:]),
+		flowLines: lograte.New(lograte.DefaultPerSecond),
+		relay:     &http.Client{Transport: relayTransport},
 		wsClient: &http.Client{Transport: relayTransport, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		}},

@@ -83,7 +83,7 @@ func (a *Agent) dialService(ctx context.Context, sv service.Service) (net.Conn, 
 			return nil, err
 		}
 		log := a.cfg.Logger.With(logkey.Component, "udp", logkey.Device, a.cfg.Device, logkey.Service, sv.Name)
-		return &flows.Socket{Conn: conn, Config: flows.Config{Logger: log}}, nil
+		return &flows.Socket{Conn: conn, Config: flows.Config{Logger: log, Lines: a.flowLines}}, nil
 	}
 	conn, err := d.DialContext(ctx, "tcp", sv.Addr)
 	if err != nil || !sv.TLS {

@@ -48,6 +48,15 @@ const (
 // String returns DEVICE/SERVICE.
 func (t Target) String() string { return t.Device + "/" + t.Service }
 
+// kind is how the relay accounts for a stream to t (internal/tcpconns):
+// a UDP flow apart from TCP connections.
+func (t Target) kind() tcpconns.Kind {
+	if t.Network == UDP {
+		return tcpconns.ConnectUDP
+	}
+	return tcpconns.Connect
+}
+
 // meta is what names the target on a stream: DEVICE/SERVICE for TCP,
 // DEVICE/SERVICE/NETWORK for the others.
 func (t Target) meta() string {

@@ -118,11 +118,16 @@ func (h *Handler) serve(ctx context.Context, sess *mux.Session, allow Allow, sou
 		if err != nil {
 			return
 		}
-		wg.Go(func() { h.join(ctx, st, allow, source) })
+		wg.Add(1)
+		go h.join(ctx, st, allow, source, wg.Done)
 	}
 }
 
-func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow, source string) {
+// join opens st's service and joins the two, calling done once they have
+// ended. It returns once the joining has started: the copies wait for
+// bytes in goroutines of their own (splice.Start), so that an idle
+// connection holds no goroutine whose stack grew while it opened.
+func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow, source string, done func()) {
 	name := string(st.Meta())
 	target, err := parseMeta(name)
 	if err == nil {
@@ -135,22 +140,25 @@ func (h *Handler) join(ctx context.Context, st *mux.Stream, allow Allow, source 
 	if err != nil {
 		h.refuse(target, name, source, err)
 		st.Reset(codeOf(err))
+		done()
 		return
 	}
 	if h.Conns == nil {
-		splice.Join(st, &refusable{Conn: conn, st: st})
+		splice.Start(st, &refusable{Conn: conn, st: st}, func(splice.Result) { done() })
 		return
 	}
-	tc := h.Conns.Open(tcpconns.Connect, target.Service, name, source, func() {
+	tc := h.Conns.Open(target.kind(), target.Service, name, source, func() {
 		st.Reset(mux.CodeCancel)
 		conn.Close()
 	})
-	res := splice.Join(st, &refusable{Conn: conn, st: st})
-	if reason := Reason(res.Err); reason != "" && res.BToA == 0 {
-		tc.Refused(reason, res.Err)
-		return
-	}
-	tc.Close(res.AToB, res.BToA)
+	splice.Start(st, &refusable{Conn: conn, st: st}, func(res splice.Result) {
+		defer done()
+		if reason := Reason(res.Err); reason != "" && res.BToA == 0 {
+			tc.Refused(reason, res.Err)
+			return
+		}
+		tc.Close(res.AToB, res.BToA)
+	})
 }
 
 // refuse accounts for a stream refused before its open: the service's
@@ -171,7 +179,7 @@ func (h *Handler) refuse(target Target, name, source string, err error) {
 	if reason == tcpconns.ReasonUnknownService || reason == tcpconns.ReasonBadTarget || reason == tcpconns.ReasonForbidden {
 		svc = ""
 	}
-	h.Conns.Refuse(tcpconns.Connect, svc, name, source, reason, err)
+	h.Conns.Refuse(target.kind(), svc, name, source, reason, err)
 }
 
 // refusable is the service's side of a stream: a refusal it reports only

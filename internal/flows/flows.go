@@ -25,6 +25,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/datagram"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 // DefaultIdle is how long a flow lasts without a datagram either way.
@@ -46,10 +47,34 @@ type Config struct {
 	Queue int
 	// Logger tells of dropped datagrams and of flows' ends; nil: nothing.
 	Logger *slog.Logger
+	// Lines bounds how often the flows log their starts, ends, refusals
+	// and oversized datagrams, which sources a sender makes up can drive:
+	// share one among the flows of a process. Nil: a Server makes one of
+	// lograte.DefaultPerSecond; Join logs unbounded.
+	Lines *lograte.Limiter
 }
 
 func (c Config) idle() time.Duration { return cmp.Or(c.Idle, DefaultIdle) }
 func (c Config) queue() int          { return cmp.Or(c.Queue, DefaultQueue) }
+
+// info logs an Info line within Lines' bound.
+func (c Config) info(msg string, args ...any) {
+	if c.Lines == nil {
+		c.logger().Info(msg, args...)
+		return
+	}
+	c.Lines.Info(c.logger(), msg, args...)
+}
+
+// warn logs a Warn line within Lines' bound.
+func (c Config) warn(msg string, args ...any) {
+	if c.Lines == nil {
+		c.logger().Warn(msg, args...)
+		return
+	}
+	c.Lines.Warn(c.logger(), msg, args...)
+}
+
 func (c Config) logger() *slog.Logger {
 	if c.Logger == nil {
 		return slog.New(slog.DiscardHandler)
@@ -147,13 +172,13 @@ func (f *flow) answer(st net.Conn, send func([]byte) error) error {
 }
 
 // logEnd tells why the flow ended and what it dropped.
-func (f *flow) logEnd(log *slog.Logger, err error, attrs ...any) {
+func (f *flow) logEnd(cfg Config, err error, attrs ...any) {
 	attrs = append(attrs, logkey.Cause, endCause(err), logkey.Dropped, f.dropped.Load(), logkey.Oversized, f.oversize.Load())
 	if err == nil || errors.Is(err, ErrIdle) || errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) {
-		log.Info("flow ended", attrs...)
+		cfg.info("flow ended", attrs...)
 		return
 	}
-	log.Warn("flow ended", append(attrs, logkey.Err, err)...)
+	cfg.warn("flow ended", append(attrs, logkey.Err, err)...)
 }
 
 func endCause(err error) string {
@@ -171,7 +196,7 @@ func endCause(err error) string {
 }
 
 // warnOversize tells, once per flow, of a datagram too large to carry.
-func warnOversize(log *slog.Logger, attrs ...any) {
+func warnOversize(cfg Config, attrs ...any) {
 	attrs = append(attrs, logkey.Limit, datagram.MaxSize)
-	log.Warn(fmt.Sprintf("datagram dropped: over the %d bytes a flow carries (further ones are counted at the flow's end)", datagram.MaxSize), attrs...)
+	cfg.warn(fmt.Sprintf("datagram dropped: over the %d bytes a flow carries (further ones are counted at the flow's end)", datagram.MaxSize), attrs...)
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-relay/switchboard/internal/datagram"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
@@ -74,7 +75,11 @@ func start(t *testing.T, host string, cfg Config) *fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	f.srv = &Server{Conn: pc, Config: cfg, Open: func(ctx context.Context, src netip.AddrPort) (net.Conn, error) {
-		f.opens <- src
+		select {
+		case f.opens <- src:
+		case <-ctx.Done(): // more flows than opens holds: the test has failed
+			return nil, ctx.Err()
+		}
 		relaySide, agentSide := net.Pipe()
 		svc, err := net.Dial("udp", echo)
 		if err != nil {
@@ -143,6 +148,30 @@ func TestFlows(t *testing.T) {
 	}
 	if n := len(f.opens); n != 3 {
 		t.Fatalf("%d streams after the idle flows ended, want 3", n)
+	}
+}
+
+// TestLinesBounded: sources a sender makes up start flows as fast as it
+// sends, but their lines stay within Lines' bound; every flow is carried.
+func TestLinesBounded(t *testing.T) {
+	now := time.Unix(1000, 0)
+	f := start(t, "127.0.0.1", Config{Lines: lograte.New(3).WithClock(func() time.Time { return now })})
+	const sources = 12 // within the fixture's opens
+	for i := range sources {
+		c, err := net.Dial("udp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if got, err := exchange(c, []byte("hi")); err != nil || got != "HI" {
+			t.Fatalf("source %d: %q, %v", i, got, err)
+		}
+	}
+	if n := len(f.opens); n != sources {
+		t.Fatalf("%d flows opened for %d sources", n, sources)
+	}
+	if n := f.logs.Count("msg="); n != 3 {
+		t.Fatalf("%d lines in one second, want 3:\n%s", n, f.logs)
 	}
 }
 

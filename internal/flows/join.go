@@ -16,7 +16,6 @@ import (
 // frame over the limit).
 func Join(ctx context.Context, st net.Conn, svc net.Conn, cfg Config) error {
 	f := newFlow(cfg.queue())
-	log := cfg.logger()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -30,7 +29,7 @@ func Join(ctx context.Context, st net.Conn, svc net.Conn, cfg Config) error {
 				return
 			}
 			if f.offer(buf[:n]) {
-				warnOversize(log)
+				warnOversize(cfg)
 			}
 		}
 	}()
@@ -42,7 +41,7 @@ func Join(ctx context.Context, st net.Conn, svc net.Conn, cfg Config) error {
 	}, cfg.idle())
 	svc.Close()
 	<-done
-	f.logEnd(log, err)
+	f.logEnd(cfg, err)
 	return err
 }
 

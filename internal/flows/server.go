@@ -10,6 +10,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/datagram"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 // Server carries a socket's datagrams, each source address a flow on a
@@ -37,6 +38,9 @@ func (s *Server) Serve(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	if s.Lines == nil {
+		s.Lines = lograte.New(lograte.DefaultPerSecond)
+	}
 	log := s.logger()
 	buf := make([]byte, datagram.MaxSize+1) // one more: an oversized datagram shows
 	for {
@@ -61,7 +65,7 @@ func (s *Server) Serve(ctx context.Context) {
 			wg.Go(func() { s.serve(ctx, src, f) })
 		}
 		if f.offer(buf[:n]) {
-			warnOversize(log, logkey.Source, src)
+			warnOversize(s.Config, logkey.Source, src)
 		}
 	}
 }
@@ -102,17 +106,16 @@ func (s *Server) serve(ctx context.Context, src netip.AddrPort, f *flow) {
 			s.Release()
 		}
 	}()
-	log := s.logger()
 	st, err := s.Open(ctx, src)
 	if err != nil {
-		log.Info("flow refused", logkey.Source, src, logkey.Err, err)
+		s.info("flow refused", logkey.Source, src, logkey.Err, err)
 		return
 	}
-	log.Info("flow started", logkey.Source, src)
+	s.info("flow started", logkey.Source, src)
 	to := net.UDPAddrFromAddrPort(src)
 	err = f.carry(ctx, st, func(d []byte) error {
 		_, err := s.Conn.WriteTo(d, to)
 		return err
 	}, s.idle())
-	f.logEnd(log, err, logkey.Source, src)
+	f.logEnd(s.Config, err, logkey.Source, src)
 }

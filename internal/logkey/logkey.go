@@ -37,7 +37,7 @@ const (
 	Mode          = "mode"           // how a topic connection takes part: read, write
 	Peer          = "peer"           // whether a topic connection is another relay's
 	Relays        = "relays"         // relays' ids
-	Kind          = "kind"           // how a TCP connection reached the relay: connect, port
+	Kind          = "kind"           // how a connection reached the relay: connect, port, connect_udp, port_udp, passthrough
 )
 
 // Why, how long and how many.
@@ -64,4 +64,5 @@ const (
 	Generation   = "generation"        // a fleet secret record's generation
 	Dropped      = "dropped"           // datagrams dropped: their flow's queue was full
 	Oversized    = "oversized"         // datagrams dropped: over the size a flow carries
+	Suppressed   = "suppressed"        // lines of this kind not logged before this one: over the rate
 )

@@ -177,7 +177,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.listenPorts()
 	n.ready.Store(true)
 	if n.cfg.SNIZone != "" && n.publicTLS != nil {
-		n.sni = newSNIListener(n.publicLn, n.cfg.SNIZone, n.cfg.ReadHeaderTimeout, n.connect.openAnywhere, n.log)
+		n.sni = newSNIListener(n.publicLn, n.cfg.SNIZone, n.cfg.ReadHeaderTimeout, n.connect.openAnywhere, n.conns, n.log)
 		n.serve(n.public, n.sni)
 		n.log.Info("TLS passthrough on", logkey.Name, "*--*."+n.cfg.SNIZone)
 	} else {

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/connect"
 	"github.com/switchboard-relay/switchboard/internal/sni"
 	"github.com/switchboard-relay/switchboard/internal/splice"
+	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 )
@@ -25,6 +27,12 @@ const (
 	alertUnrecognizedName = 112
 )
 
+// passthroughAnswer bounds how long a passthrough waits for the service's
+// first bytes (its server hello) before it tells the user the service
+// could not be reached: the agent's dial of the service takes 10 s at
+// most, a TLS server answers a hello at once.
+const passthroughAnswer = 30 * time.Second
+
 // sniListener is the public TLS listener when passthrough is on. It reads
 // each connection's ClientHello: a name SERVICE--DEVICE.ZONE is passed
 // through whole to the device's service (its agent offers it for
@@ -33,12 +41,14 @@ const (
 // server through Accept.
 type sniListener struct {
 	net.Listener
-	zone  string
-	hello time.Duration // how long a client may take to send its hello
-	open  func(ctx context.Context, t connect.Target) (net.Conn, error)
-	log   *slog.Logger
-	ctx   context.Context // ends with closeAll: the relay stops
-	stop  context.CancelFunc
+	zone   string
+	hello  time.Duration // how long a client may take to send its hello
+	answer time.Duration // how long the service may take to answer it
+	open   func(ctx context.Context, t connect.Target) (net.Conn, error)
+	acct   *tcpconns.Tracker // accounts for every passthrough: metrics, logs, events, a drain's wait
+	log    *slog.Logger
+	ctx    context.Context // ends with closeAll: the relay stops
+	stop   context.CancelFunc
 
 	conns     chan net.Conn // for the relay's own TLS server
 	done      chan struct{} // closed by Close
@@ -50,9 +60,9 @@ type sniListener struct {
 	pipes map[net.Conn]struct{}
 }
 
-func newSNIListener(inner net.Listener, zone string, hello time.Duration, open func(context.Context, connect.Target) (net.Conn, error), log *slog.Logger) *sniListener {
+func newSNIListener(inner net.Listener, zone string, hello time.Duration, open func(context.Context, connect.Target) (net.Conn, error), conns *tcpconns.Tracker, log *slog.Logger) *sniListener {
 	l := &sniListener{
-		Listener: inner, zone: zone, hello: hello, open: open,
+		Listener: inner, zone: zone, hello: hello, answer: passthroughAnswer, open: open, acct: conns,
 		log:   log.With(logkey.Component, "passthrough"),
 		conns: make(chan net.Conn), done: make(chan struct{}), stopped: make(chan struct{}),
 		pipes: map[net.Conn]struct{}{},
@@ -115,32 +125,41 @@ func (l *sniListener) acceptLoop() {
 			}
 		}
 		l.track(c)
-		l.wg.Go(func() { l.route(c) })
+		l.wg.Add(1)
+		go l.route(c)
 	}
 }
 
 // route reads c's hello and passes c through or on to the relay's server.
+// It marks l.wg done once c is handed on, or once its passthrough has
+// ended.
 func (l *sniListener) route(c net.Conn) {
 	ctx, cancel := context.WithTimeout(l.ctx, l.hello)
 	hello, err := sni.ReadHello(ctx, c)
 	cancel()
 	if err != nil { // no name, not TLS, too slow: the relay's own TLS answers
 		l.toServer(c, hello.Raw)
+		l.wg.Done()
 		return
 	}
 	name, err := sni.ParseName(hello.ServerName, l.zone)
 	if errors.Is(err, sni.ErrNotInZone) { // the relay's own names
 		l.toServer(c, hello.Raw)
+		l.wg.Done()
 		return
 	}
-	defer l.untrack(c)
-	defer c.Close()
+	end := func() {
+		c.Close()
+		l.untrack(c)
+		l.wg.Done()
+	}
 	if err != nil { // under the zone, but not SERVICE--DEVICE
-		l.log.Info("passthrough refused", logkey.Source, c.RemoteAddr().String(), logkey.Name, hello.ServerName, logkey.Err, err)
+		l.acct.Refuse(tcpconns.Passthrough, "", hello.ServerName, c.RemoteAddr().String(), tcpconns.ReasonBadTarget, err)
 		writeAlert(c, alertUnrecognizedName)
+		end()
 		return
 	}
-	l.passthrough(c, hello, name)
+	l.passthrough(c, hello, name, end)
 }
 
 // toServer hands c to the relay's own TLS server, the bytes read from it
@@ -154,16 +173,23 @@ func (l *sniListener) toServer(c net.Conn, read []byte) {
 	}
 }
 
-// passthrough carries c, whose hello asked for name, to the service.
-func (l *sniListener) passthrough(c net.Conn, hello sni.Hello, name sni.Name) {
-	start := time.Now()
+// passthrough carries c, whose hello asked for name, to the service,
+// calling end once it has ended. It returns once the joining has started:
+// the copies wait for bytes in goroutines of their own (splice.Start), so
+// that an idle passthrough holds no goroutine whose stack grew while it
+// opened.
+func (l *sniListener) passthrough(c net.Conn, hello sni.Hello, name sni.Name, end func()) {
 	src := c.RemoteAddr().String()
-	log := l.log.With(logkey.Source, src, logkey.Device, name.Device, logkey.Service, name.Service)
-	dev, err := l.open(l.ctx, connect.Target{Device: name.Device, Service: name.Service, Network: connect.Passthrough})
+	target := connect.Target{Device: name.Device, Service: name.Service, Network: connect.Passthrough}
+	dev, err := l.open(l.ctx, target)
 	if err == nil {
 		l.track(dev)
-		defer l.untrack(dev)
-		defer dev.Close()
+		endClient := end
+		end = func() {
+			dev.Close()
+			l.untrack(dev)
+			endClient()
+		}
 		_, err = dev.Write(hello.Raw)
 	}
 	// The open costs no round trip: a refusal shows as the first read's
@@ -171,20 +197,40 @@ func (l *sniListener) passthrough(c net.Conn, hello sni.Hello, name sni.Name) {
 	var first [16 << 10]byte
 	n := 0
 	if err == nil {
+		dev.SetReadDeadline(time.Now().Add(l.answer))
 		n, err = dev.Read(first[:])
+		dev.SetReadDeadline(time.Time{})
 	}
 	if err != nil && n == 0 {
-		log.Info("passthrough refused", logkey.Err, err)
+		l.refuse(target, src, err)
 		writeAlert(c, alertFor(err))
+		end()
 		return
 	}
 	if _, err := c.Write(first[:n]); err != nil {
+		end()
 		return
 	}
-	log.Info("passthrough connected")
-	res := splice.Join(c, dev)
-	log.Info("passthrough disconnected", logkey.DurationMS, time.Since(start).Milliseconds(),
-		logkey.BytesIn, res.AToB+int64(len(hello.Raw)), logkey.BytesOut, res.BToA+int64(n))
+	tc := l.acct.Open(tcpconns.Passthrough, name.Service, target.String(), src, func() {
+		c.Close()
+		dev.Close()
+	})
+	splice.Start(c, dev, func(res splice.Result) {
+		defer end()
+		tc.Close(res.AToB+int64(len(hello.Raw)), res.BToA+int64(n))
+	})
+}
+
+// refuse accounts for a passthrough to target refused with err: the
+// service's name labels the refusal only when it is not the user's to
+// make up (see tcpconns.Tracker.Refuse).
+func (l *sniListener) refuse(target connect.Target, src string, err error) {
+	reason := cmp.Or(connect.Reason(err), tcpconns.ReasonUnreachable)
+	svc := target.Service
+	if reason == tcpconns.ReasonUnknownService || reason == tcpconns.ReasonForbidden {
+		svc = ""
+	}
+	l.acct.Refuse(tcpconns.Passthrough, svc, target.String(), src, reason, err)
 }
 
 // alertFor is the TLS alert that tells a user why a passthrough failed.

@@ -19,6 +19,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/tcpconns"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 // DefaultUDPIdle is how long a UDP flow lasts without a datagram either way.
@@ -131,7 +132,8 @@ func (l *Listeners) start(m Mapping) (port, error) {
 	}
 	addr := net.JoinHostPort(l.Host, strconv.Itoa(m.Port))
 	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler)).With(logkey.Component, "ports", logkey.Port, m.Port, logkey.Network, m.Network, logkey.Target, m.Target)
-	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, acct: l.Conns, conns: map[net.Conn]struct{}{}}
+	base := &portBase{m: m, target: target, prefixes: prefixes, open: l.Open, log: log, lines: lograte.New(lograte.DefaultPerSecond),
+		acct: l.Conns, conns: map[net.Conn]struct{}{}}
 	if m.MaxConns > 0 {
 		base.slots = make(chan struct{}, m.MaxConns)
 	}
@@ -144,7 +146,7 @@ func (l *Listeners) start(m Mapping) (port, error) {
 			return nil, err
 		}
 		base.target.Network = connect.UDP
-		return newUDPPort(base, pc, flows.Config{Idle: l.UDPIdle, Queue: l.UDPQueue, Logger: log}), nil
+		return newUDPPort(base, pc, flows.Config{Idle: l.UDPIdle, Queue: l.UDPQueue, Logger: log, Lines: base.lines}), nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -163,6 +165,7 @@ type portBase struct {
 	prefixes []netip.Prefix
 	open     connect.Opener
 	log      *slog.Logger
+	lines    *lograte.Limiter  // bounds the refusals' lines (and the UDP flows'), which whoever reaches the port drives
 	acct     *tcpconns.Tracker // nil: connections are not accounted for
 	slots    chan struct{}     // a token per connection open, when bounded
 	ctx      context.Context
@@ -178,8 +181,8 @@ func (p *portBase) mapping() Mapping { return p.m }
 // admit reports whether a connection from src may go on, taking a slot.
 func (p *portBase) admit(src netip.AddrPort) bool {
 	if !allows(p.prefixes, src.Addr()) {
-		p.log.Info("connection refused: source not allowed", logkey.Source, src)
-		p.refuse(src, tcpconns.ReasonSource, nil)
+		p.lines.Info(p.log, "connection refused: source not allowed", logkey.Source, src)
+		p.refuseConn(src, tcpconns.ReasonSource)
 		return false
 	}
 	if p.slots == nil {
@@ -189,17 +192,38 @@ func (p *portBase) admit(src netip.AddrPort) bool {
 	case p.slots <- struct{}{}:
 		return true
 	default:
-		p.log.Info("connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
-		p.refuse(src, tcpconns.ReasonLimit, nil)
+		p.lines.Info(p.log, "connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
+		p.refuseConn(src, tcpconns.ReasonLimit)
 		return false
 	}
 }
 
-// refuse accounts for a connection from src refused for reason.
-func (p *portBase) refuse(src netip.AddrPort, reason string, err error) {
-	if p.acct != nil && p.m.Network != UDP {
-		p.acct.Refuse(tcpconns.Port, strconv.Itoa(p.m.Port), p.m.Target, src.String(), reason, err)
+// refuseConn accounts for a connection from src refused for reason by
+// the port itself. A UDP port asks for every datagram of a source with
+// no flow, so that its refusals are datagrams dropped, not counted.
+func (p *portBase) refuseConn(src netip.AddrPort, reason string) {
+	if p.m.Network != UDP {
+		p.refuse(src, reason, nil)
 	}
+}
+
+// refuse accounts for a connection (UDP: a flow) from src refused for
+// reason.
+func (p *portBase) refuse(src netip.AddrPort, reason string, err error) {
+	if p.acct == nil {
+		return
+	}
+	kind := tcpconns.Port
+	if p.m.Network == UDP {
+		kind = tcpconns.PortUDP
+	}
+	p.acct.Refuse(kind, strconv.Itoa(p.m.Port), p.m.Target, src.String(), reason, err)
+}
+
+// reasonOf names the refusal err is, unreachable when it is none of
+// connect's.
+func reasonOf(err error) string {
+	return cmp.Or(connect.Reason(err), tcpconns.ReasonUnreachable)
 }
 
 func (p *portBase) release() {
@@ -259,26 +283,34 @@ func (p *tcpPort) accept() {
 			continue
 		}
 		p.track(c)
-		p.wg.Go(func() {
-			defer p.release()
-			defer p.untrack(c)
-			p.serve(c, src)
+		p.wg.Add(1)
+		go p.serve(c, src, func() {
+			c.Close()
+			p.untrack(c)
+			p.release()
+			p.wg.Done()
 		})
 	}
 }
 
-// serve carries one connection to the device's service.
-func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
-	defer c.Close()
+// serve carries one connection to the device's service, calling end once
+// it has ended. It returns once the joining has started: the copies wait
+// for bytes in goroutines of their own (splice.Start), so that an idle
+// connection holds no goroutine whose stack grew while it opened.
+func (p *tcpPort) serve(c net.Conn, src netip.AddrPort, end func()) {
 	start := time.Now()
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
-		p.log.Info("connection refused", logkey.Source, src, logkey.Err, err)
-		p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonUnreachable), err)
+		p.lines.Info(p.log, "connection refused", logkey.Source, src, logkey.Err, err)
+		p.refuse(src, reasonOf(err), err)
+		end()
 		return
 	}
 	p.track(dev)
-	defer p.untrack(dev)
+	done := func() {
+		p.untrack(dev)
+		end()
+	}
 	if p.m.ProxyProtocol {
 		dst, _ := netip.ParseAddrPort(c.LocalAddr().String())
 		hdr, err := proxyproto.Append(nil, proxyproto.Header{Source: src, Destination: dst})
@@ -286,27 +318,32 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort) {
 			_, err = dev.Write(hdr)
 		}
 		if err != nil {
-			p.log.Info("connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
+			p.lines.Info(p.log, "connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
 			p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonProxyHeader), err)
 			dev.Close()
+			done()
 			return
 		}
 	}
 	if p.acct == nil {
 		p.log.Info("connected", logkey.Source, src)
-		res := splice.Join(c, dev)
-		p.log.Info("disconnected", logkey.Source, src, logkey.DurationMS, time.Since(start).Milliseconds(),
-			logkey.BytesIn, res.AToB, logkey.BytesOut, res.BToA)
+		splice.Start(c, dev, func(res splice.Result) {
+			defer done()
+			p.log.Info("disconnected", logkey.Source, src, logkey.DurationMS, time.Since(start).Milliseconds(),
+				logkey.BytesIn, res.AToB, logkey.BytesOut, res.BToA)
+		})
 		return
 	}
 	tc := p.acct.Open(tcpconns.Port, strconv.Itoa(p.m.Port), p.m.Target, src.String(), func() {
 		c.Close()
 		dev.Close()
 	})
-	res := splice.Join(c, dev)
-	if reason := connect.Reason(res.Err); reason != "" && res.BToA == 0 {
-		tc.Refused(reason, res.Err)
-		return
-	}
-	tc.Close(res.AToB, res.BToA)
+	splice.Start(c, dev, func(res splice.Result) {
+		defer done()
+		if reason := connect.Reason(res.Err); reason != "" && res.BToA == 0 {
+			tc.Refused(reason, res.Err)
+			return
+		}
+		tc.Close(res.AToB, res.BToA)
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/connect"
 	"github.com/switchboard-relay/switchboard/internal/datagram"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 	"github.com/switchboard-relay/switchboard/internal/proxyproto"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
@@ -338,5 +340,35 @@ func TestUDPPortOversizedDatagram(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "datagram dropped: over the 65507 bytes") {
 		t.Fatalf("no warning of the oversized datagram:\n%s", logs)
+	}
+}
+
+// TestRefusalLinesBounded: a source outside the allowlist dialling in a
+// loop is closed each time, but logs a few lines a second, not one a
+// connection.
+func TestRefusalLinesBounded(t *testing.T) {
+	logs := &testkit.Buffer{}
+	l := &Listeners{Host: "127.0.0.1", Open: newDevice(t), Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	defer l.Close()
+	port := freePort(t, TCP)
+	if err := l.Apply([]Mapping{{Port: port, Network: TCP, Target: "robot/echo", Allow: []string{"192.0.2.0/24"}}}); err != nil {
+		t.Fatal(err)
+	}
+	const dials = 100
+	start := time.Now()
+	for range dials {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("a denied source's read: %v, want the connection closed", err)
+		}
+		c.Close()
+	}
+	bound := lograte.DefaultPerSecond * (int(time.Since(start)/time.Second) + 2) // the seconds begun
+	if n := logs.Count("source not allowed"); n == 0 || n > bound {
+		t.Fatalf("%d refusal lines for %d connections in %v, want 1 to %d:\n%s", n, dials, time.Since(start), bound, logs)
 	}
 }

@@ -1,8 +1,10 @@
-// Package tcpconns owns the account of the TCP connections a relay carries
-// for users (switchboard connect's streams, mapped ports' connections): it
-// counts them in metrics labelled by kind and service, tells of each one
-// in the log and, at a bounded rate, in the fleet's event log, and lets a
-// drain wait for them and cut what is left.
+// Package tcpconns owns the account of the connections a relay carries
+// for users to devices' services (switchboard connect's streams, mapped
+// ports' connections, UDP flows, TLS passthroughs): it counts them in
+// metrics labelled by kind and service, tells of each one in the log
+// (refusals, which cost their sender nothing, at a bounded rate) and, at a
+// bounded rate, in the fleet's event log, and lets a drain wait for
+// them and cut what is left.
 //
 //	t := tcpconns.New(tcpconns.Config{Registry: reg, Logger: log, Record: rec})
 //	c := t.Open(tcpconns.Port, "6379", "robot-7/redis", "192.0.2.7:50122", cut)
@@ -25,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 // Kind says how a connection reached the relay.
@@ -32,9 +35,28 @@ type Kind string
 
 // The kinds of connections.
 const (
-	Connect Kind = "connect" // a stream of switchboard connect
-	Port    Kind = "port"    // a connection to a mapped port
+	Connect     Kind = "connect"     // a TCP stream of switchboard connect
+	Port        Kind = "port"        // a TCP connection to a mapped port
+	ConnectUDP  Kind = "connect_udp" // a UDP flow of switchboard connect --udp
+	PortUDP     Kind = "port_udp"    // a UDP flow through a mapped UDP port
+	Passthrough Kind = "passthrough" // a TLS connection passed through by SNI
 )
+
+// named reports whether connections of kind are labelled by a service's
+// name, which users type (bounded by MaxServiceNames), rather than by a
+// mapped port's number, which an operator chose.
+func (k Kind) named() bool { return k != Port && k != PortUDP }
+
+// noun is what the log calls a connection of kind.
+func (k Kind) noun() string {
+	switch k {
+	case ConnectUDP, PortUDP:
+		return "udp flow"
+	case Passthrough:
+		return "passthrough"
+	}
+	return "tcp connection"
+}
 
 // Event types the tracker records in the fleet's event log.
 const (
@@ -64,12 +86,13 @@ const (
 // says how many it skipped.
 const DefaultEventsPerSecond = 20
 
-// MaxServiceNames bounds the service names connect's connections are
-// labelled with on one relay: users type the names, so the first ones
-// seen keep theirs and any later one is counted under OtherName.
+// MaxServiceNames bounds the service names connections of each named
+// kind (connect's, passthroughs) are labelled with on one relay: users
+// type the names, so the first ones seen keep theirs and any later one is
+// counted under OtherName.
 const MaxServiceNames = 64
 
-// OtherName labels connect connections to a service name past
+// OtherName labels connections of a named kind to a service name past
 // MaxServiceNames, and refusals whose name the user typed.
 const OtherName = "_other"
 
@@ -99,13 +122,13 @@ type Tracker struct {
 	log *slog.Logger
 	m   metrics
 
-	mu      sync.Mutex // guards the fields below
-	open    map[*Conn]struct{}
-	idle    chan struct{}       // closed when open empties; nil while none wait
-	names   map[string]*nameUse // connect's service names admitted as labels
-	window  time.Time           // the second events are counted in
-	inWin   int                 // events recorded in window
-	skipped int                 // events not recorded since the last one that was
+	events   *lograte.Limiter // bounds the connect and disconnect events
+	refusals *lograte.Limiter // bounds the refusals' log lines: a flood of them costs its sender nothing
+
+	mu    sync.Mutex // guards the fields below
+	open  map[*Conn]struct{}
+	idle  chan struct{}        // closed when open empties; nil while none wait
+	names map[nameKey]*nameUse // service names admitted as labels
 }
 
 // New returns a tracker counting into cfg.Registry.
@@ -115,7 +138,9 @@ func New(cfg Config) *Tracker {
 		cfg.Now = time.Now
 	}
 	t := &Tracker{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), m: newMetrics(),
-		open: map[*Conn]struct{}{}, names: map[string]*nameUse{}}
+		events:   lograte.New(cfg.EventsPerSecond).WithClock(cfg.Now),
+		refusals: lograte.New(lograte.DefaultPerSecond).WithClock(cfg.Now),
+		open:     map[*Conn]struct{}{}, names: map[nameKey]*nameUse{}}
 	if cfg.Registry != nil {
 		t.m.register(cfg.Registry)
 	}
@@ -133,30 +158,48 @@ type Conn struct {
 	wasCut         bool // guarded by t.mu
 }
 
-// nameUse is how a connect service name admitted as a label is used.
+// nameKey is a service name admitted as a label for one kind.
+type nameKey struct {
+	kind Kind
+	name string
+}
+
+// nameUse is how a service name admitted as a label is used.
 type nameUse struct {
 	carried bool // a connection to it was carried: the label stays
 	open    int  // connections open under it
 }
 
 // label returns the name label of a new connection of kind to name: a
-// port's number as it is, a connect service's name while the relay has
-// labelled fewer than MaxServiceNames, else OtherName.
+// port's number as it is, a service's name while the relay has labelled
+// fewer than MaxServiceNames of the kind, else OtherName.
 func (t *Tracker) label(kind Kind, name string) string {
-	if kind != Connect {
+	if !kind.named() {
 		return name
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if u, ok := t.names[name]; ok {
+	key := nameKey{kind, name}
+	if u, ok := t.names[key]; ok {
 		u.open++
 		return name
 	}
-	if len(t.names) >= MaxServiceNames {
+	if t.namesOfLocked(kind) >= MaxServiceNames {
 		return OtherName
 	}
-	t.names[name] = &nameUse{open: 1}
+	t.names[key] = &nameUse{open: 1}
 	return name
+}
+
+// namesOfLocked counts the names admitted as labels of kind.
+func (t *Tracker) namesOfLocked(kind Kind) int {
+	n := 0
+	for k := range t.names {
+		if k.kind == kind {
+			n++
+		}
+	}
+	return n
 }
 
 // release notes that a connection under c's label ended, carried or not.
@@ -165,11 +208,12 @@ func (t *Tracker) label(kind Kind, name string) string {
 // is open under it: the refusal counts under OtherName. It returns the
 // label the end is counted under.
 func (t *Tracker) release(c *Conn, carried bool, reason string) string {
-	if c.kind != Connect || c.name == OtherName {
+	if !c.kind.named() || c.name == OtherName {
 		return c.name
 	}
+	key := nameKey{c.kind, c.name}
 	t.mu.Lock()
-	u, ok := t.names[c.name]
+	u, ok := t.names[key]
 	if !ok {
 		t.mu.Unlock()
 		return c.name
@@ -179,7 +223,7 @@ func (t *Tracker) release(c *Conn, carried bool, reason string) string {
 	typed := !u.carried && reason == ReasonUnknownService
 	drop := typed && u.open == 0
 	if drop {
-		delete(t.names, c.name)
+		delete(t.names, key)
 	}
 	t.mu.Unlock()
 	t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
@@ -194,9 +238,10 @@ func (t *Tracker) release(c *Conn, carried bool, reason string) string {
 }
 
 // Open accounts for a connection from source to target (DEVICE/SERVICE)
-// that is carried from now on: name is the service's name (kind Connect)
-// or the mapped port's number (kind Port). cut ends it; a drain calls it
-// at its deadline. Call Close when the connection ends.
+// that is carried from now on: name is the service's name (kinds Connect,
+// ConnectUDP, Passthrough) or the mapped port's number (Port, PortUDP).
+// cut ends it; a drain calls it at its deadline. Call Close when the
+// connection ends.
 func (t *Tracker) Open(kind Kind, name, target, source string, cut func()) *Conn {
 	c := &Conn{t: t, kind: kind, name: t.label(kind, name), target: target, source: source, start: t.cfg.Now(), cut: cut}
 	t.mu.Lock()
@@ -204,7 +249,7 @@ func (t *Tracker) Open(kind Kind, name, target, source string, cut func()) *Conn
 	t.mu.Unlock()
 	t.m.opened.WithLabelValues(string(kind), c.name).Inc()
 	t.m.openNow.WithLabelValues(string(kind), c.name).Inc()
-	t.log.Info("tcp connection opened", logkey.Kind, kind, logkey.Target, target, logkey.Source, source)
+	t.log.Info(kind.noun()+" opened", logkey.Kind, kind, logkey.Target, target, logkey.Source, source)
 	t.event(Event{Type: EventConnected, Device: device(target),
 		Message: fmt.Sprintf("%s %s: %s connected to %s", kind, c.name, source, target)})
 	return c
@@ -222,7 +267,7 @@ func (c *Conn) Close(toDevice, fromDevice int64) {
 	t.mu.Unlock()
 	d := t.cfg.Now().Sub(c.start)
 	k := string(c.kind)
-	if c.kind == Connect && c.name != OtherName {
+	if c.kind.named() && c.name != OtherName {
 		t.release(c, true, "")
 	} else {
 		t.m.openNow.WithLabelValues(k, c.name).Dec()
@@ -234,7 +279,7 @@ func (c *Conn) Close(toDevice, fromDevice int64) {
 	if cut {
 		cause = "cut by the drain"
 	}
-	t.log.Info("tcp connection closed", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source,
+	t.log.Info(c.kind.noun()+" closed", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source,
 		logkey.DurationMS, d.Milliseconds(), logkey.BytesIn, toDevice, logkey.BytesOut, fromDevice, logkey.Cause, cause)
 	t.event(Event{Type: EventDisconnected, Device: device(c.target), DurationMS: float64(d.Microseconds()) / 1000,
 		Message: fmt.Sprintf("%s %s: %s disconnected from %s (%s), %d bytes to the device, %d back", c.kind, c.name, c.source, c.target, cause, toDevice, fromDevice)})
@@ -250,13 +295,13 @@ func (c *Conn) Refused(reason string, err error) {
 		return
 	}
 	label := c.name
-	if c.kind == Connect && c.name != OtherName {
+	if c.kind.named() && c.name != OtherName {
 		label = t.release(c, false, reason)
 	} else {
 		t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
 	}
 	t.m.refused.WithLabelValues(string(c.kind), label, reason).Inc()
-	t.log.Info("tcp connection refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
+	t.refusals.Info(t.log, c.kind.noun()+" refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
 }
 
 // forget takes c out of the open connections, reporting whether it was
@@ -278,19 +323,19 @@ func (t *Tracker) forget(c *Conn) bool {
 // service), so that it labels nothing.
 func (t *Tracker) Refuse(kind Kind, name, target, source, reason string, err error) {
 	label := name
-	if kind == Connect {
-		label = t.known(name)
+	if kind.named() {
+		label = t.known(kind, name)
 	}
 	t.m.refused.WithLabelValues(string(kind), label, reason).Inc()
-	t.log.Info("tcp connection refused", logkey.Kind, kind, logkey.Target, target, logkey.Source, source, logkey.Reason, reason, logkey.Err, err)
+	t.refusals.Info(t.log, kind.noun()+" refused", logkey.Kind, kind, logkey.Target, target, logkey.Source, source, logkey.Reason, reason, logkey.Err, err)
 }
 
 // known returns name when a connection to it was carried, else OtherName:
 // a refusal before any open admits no label.
-func (t *Tracker) known(name string) string {
+func (t *Tracker) known(kind Kind, name string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if u, ok := t.names[name]; ok && u.carried {
+	if u, ok := t.names[nameKey{kind, name}]; ok && u.carried {
 		return name
 	}
 	return OtherName
@@ -370,20 +415,10 @@ func (t *Tracker) event(e Event) {
 	if t.cfg.Record == nil {
 		return
 	}
-	now := t.cfg.Now()
-	t.mu.Lock()
-	if now.Sub(t.window) >= time.Second {
-		t.window, t.inWin = now, 0
-	}
-	if t.inWin >= t.cfg.EventsPerSecond {
-		t.skipped++
-		t.mu.Unlock()
+	skipped, ok := t.events.Allow()
+	if !ok {
 		return
 	}
-	t.inWin++
-	skipped := t.skipped
-	t.skipped = 0
-	t.mu.Unlock()
 	if skipped > 0 {
 		e.Message += fmt.Sprintf(" (%d connection events not recorded before this one: over %d a second)", skipped, t.cfg.EventsPerSecond)
 	}

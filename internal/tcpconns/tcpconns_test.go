@@ -1,13 +1,18 @@
 package tcpconns
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-relay/switchboard/internal/lograte"
 )
 
 func TestWaitAndCut(t *testing.T) {
@@ -114,4 +119,106 @@ func TestTypedNameUnlabelled(t *testing.T) {
 	if len(tr.names) != 1 {
 		t.Errorf("names kept: %v", tr.names)
 	}
+}
+
+// UDP flows and passthroughs are counted apart from TCP connections, each
+// kind's typed names bounded on its own, and logged as what they are.
+func TestKinds(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var buf bytes.Buffer
+	tr := New(Config{Registry: reg, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	for i := range MaxServiceNames {
+		tr.Open(Connect, "svc"+strconv.Itoa(i), "d/x", "s", nil).Close(1, 1)
+	}
+	tr.Open(ConnectUDP, "voice", "d/voice", "192.0.2.1:5", nil).Close(3, 4)
+	tr.Open(PortUDP, "53", "d/dns", "192.0.2.1:6", nil).Close(1, 1)
+	tr.Open(Passthrough, "web", "d/web", "192.0.2.1:7", nil).Close(5, 6)
+	for _, want := range []string{
+		`kind=connect_udp name=voice`, `kind=port_udp name=53`, `kind=passthrough name=web`,
+	} {
+		if n := countLabels(t, reg, "switchboard_tcp_connections_total", want); n != 1 {
+			t.Errorf("%s: %d label sets, want 1", want, n)
+		}
+	}
+	for _, want := range []string{"msg=\"udp flow opened\"", "msg=\"udp flow closed\"", "msg=\"passthrough opened\"", "source=192.0.2.1:7"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("no %s in the log:\n%s", want, buf.String())
+		}
+	}
+}
+
+// countLabels counts the label sets of the metric name in reg whose
+// labels, written "k=v k=v" in their order, are want.
+func countLabels(t *testing.T, reg *prometheus.Registry, name, want string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			if strings.Join(ls, " ") == want {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// A flood of refusals, which costs its sender nothing, logs a few lines a
+// second; the next line let through counts those held back, and the
+// metrics count every one.
+func TestRefusalLinesBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var buf bytes.Buffer
+	now := time.Unix(1000, 0)
+	tr := New(Config{Registry: reg, Logger: slog.New(slog.NewTextHandler(&buf, nil)), Now: func() time.Time { return now }})
+	for range 1000 {
+		tr.Refuse(Port, "6379", "d/redis", "192.0.2.9:1", ReasonSource, nil)
+	}
+	if n := strings.Count(buf.String(), "tcp connection refused"); n != lograte.DefaultPerSecond {
+		t.Fatalf("%d refusal lines in one second, want %d", n, lograte.DefaultPerSecond)
+	}
+	buf.Reset()
+	now = now.Add(time.Second)
+	tr.Open(Port, "6379", "d/redis", "192.0.2.9:2", nil).Refused(ReasonRefused, nil)
+	if want := fmt.Sprintf("suppressed=%d", 1000-lograte.DefaultPerSecond); !strings.Contains(buf.String(), want) {
+		t.Errorf("no %s in the next second's line:\n%s", want, buf.String())
+	}
+	if n := counterValue(t, reg, "switchboard_tcp_refusals_total", "kind=port name=6379 reason=source_not_allowed"); n != 1000 {
+		t.Errorf("%v refusals counted, want 1000", n)
+	}
+}
+
+// counterValue is the value of the counter name in reg whose labels are
+// want, written as for countLabels.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, want string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			if strings.Join(ls, " ") == want {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -146,3 +146,55 @@ func TestOpenServiceByKind(t *testing.T) {
 		t.Fatalf("passthrough: %q, %v", buf[:2], err)
 	}
 }
+
+// TestServiceBreakResetsTheStream: a service that breaks its connection
+// (a TCP reset) resets the relay's stream, so that the relay tells its
+// user the connection broke; one that ends it (FIN) ends the stream's
+// reading as EOF, its writing still open.
+func TestServiceBreakResetsTheStream(t *testing.T) {
+	broken := testkit.ServeTCP(t, func(c net.Conn) {
+		io.ReadFull(c, make([]byte, 1))
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
+	halfClosed := testkit.ServeTCP(t, func(c net.Conn) {
+		c.Write([]byte("bye"))
+		c.(*net.TCPConn).CloseWrite()
+		io.ReadAll(c) // until the user's side ends too
+	})
+	pool := v2SessionDial(t, func(conn net.Conn) {
+		serveAgent(t, conn, func(ctx context.Context, name string) (net.Conn, error) {
+			var d net.Dialer
+			if name == "broken" {
+				return d.DialContext(ctx, "tcp", broken)
+			}
+			return d.DialContext(ctx, "tcp", halfClosed)
+		})
+	},
+		service.Service{Name: "broken", Kind: service.TCP, Addr: "127.0.0.1:1"},
+		service.Service{Name: "half", Kind: service.TCP, Addr: "127.0.0.1:1"},
+	)
+	ctx := context.Background()
+	conn, err := pool.OpenService(ctx, "dev", "broken", service.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("x"))
+	if got, err := io.ReadAll(conn); err == nil {
+		t.Fatalf("a service that reset its connection: read %q and EOF, want an error", got)
+	}
+
+	conn, err = pool.OpenService(ctx, "dev", "half", service.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("x"))
+	if got, err := io.ReadAll(conn); err != nil || string(got) != "bye" {
+		t.Fatalf("a service that half-closed: %q, %v; want bye and EOF", got, err)
+	}
+	if _, err := conn.Write([]byte("more")); err != nil {
+		t.Fatalf("writing after the service's half-close: %v", err)
+	}
+}

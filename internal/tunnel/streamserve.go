@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/switchboard-relay/switchboard/internal/flows"
@@ -61,24 +62,28 @@ func ServeStreamsAway(ctx context.Context, conn net.Conn, l Liveness, dial DialS
 		if err != nil {
 			return
 		}
-		wg.Go(func() { serveStream(ctx, st, dial) })
+		wg.Add(1)
+		go serveStream(ctx, st, dial, wg.Done)
 	}
 }
 
 // serveStream dials the service st names and joins the two: byte for
 // byte, or for a UDP service (a *flows.Socket) datagram for datagram,
-// the stream's framed ones to the socket's.
-func serveStream(ctx context.Context, st *mux.Stream, dial DialService) {
+// the stream's framed ones to the socket's. It calls done once they have
+// ended.
+func serveStream(ctx context.Context, st *mux.Stream, dial DialService, done func()) {
 	backend, err := dial(ctx, string(st.Meta()))
 	if err != nil {
 		st.Reset(dialCode(err))
+		done()
 		return
 	}
 	if s, ok := backend.(*flows.Socket); ok {
 		flows.Join(ctx, st, s.Conn, s.Config)
+		done()
 		return
 	}
-	join(st, backend)
+	join(st, backend, done)
 }
 
 // dialCode is the reset code that tells the relay why dialling failed.
@@ -93,31 +98,42 @@ func dialCode(err error) uint32 {
 }
 
 // join copies st to backend and backend to st until both directions have
-// ended, then closes both. When either side fails (the relay reset the
-// stream: the user went away), the other is closed at once.
-func join(st *mux.Stream, backend net.Conn) {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if _, err := st.WriteTo(backend); err != nil {
+// ended, then closes both and calls done. When either side fails (the
+// relay reset the stream: the user went away), the other is closed at
+// once; a failed read of the service resets the stream, so that the relay
+// tells its user the connection broke rather than ended. Each direction
+// is a mux.Go, which waits for bytes holding no buffer, in a goroutine
+// with a small stack: an idle connection costs the agent two such
+// goroutines, not a goroutine whose stack grew as it dialled and a copy
+// buffer held across the wait.
+func join(st *mux.Stream, backend net.Conn, done func()) {
+	var left atomic.Int32
+	left.Store(2)
+	end := func() {
+		if left.Add(-1) == 0 {
 			backend.Close()
-			return
+			st.Close()
+			done()
 		}
-		if hc, ok := backend.(interface{ CloseWrite() error }); ok {
+	}
+	mux.Go(backend, st, func(_ int64, err error) {
+		switch hc, ok := backend.(interface{ CloseWrite() error }); {
+		case err != nil:
+			backend.Close()
+		case ok:
 			hc.CloseWrite()
 		}
+		end()
 	})
-	// The stream's ReadFrom waits for a socket's bytes holding no buffer
-	// and reads it with its own system calls.
-	_, err := st.ReadFrom(backend)
-	if err != nil {
-		st.Reset(mux.CodeCancel)
-		backend.Close()
-	} else {
-		st.CloseWrite()
-	}
-	wg.Wait()
-	backend.Close()
-	st.Close()
+	mux.Go(st, backend, func(_ int64, err error) {
+		if err != nil {
+			st.Reset(mux.CodeCancel)
+			backend.Close()
+		} else {
+			st.CloseWrite()
+		}
+		end()
+	})
 }
 
 // onlyReader hides a reader's WriteTo, so that io.Copy does not call it
