@@ -112,6 +112,7 @@ type Session struct {
 	pingSeq  uint32
 	bdp      bdpProbe
 	live     *time.Timer
+	after    []func() // AfterFunc's, run when the session ends
 }
 
 // bdpProbe measures the bytes received during one ping's round trip.
@@ -278,6 +279,20 @@ func (s *Session) NumStreams() int {
 // Done is closed when the session ends.
 func (s *Session) Done() <-chan struct{} { return s.done }
 
+// AfterFunc arranges for f to run in a goroutine of its own once the
+// session has ended (at once if it has), so that whoever must act on the
+// end need not keep a goroutine waiting on Done for the session's life.
+func (s *Session) AfterFunc(f func()) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		go f()
+		return
+	}
+	s.after = append(s.after, f)
+	s.mu.Unlock()
+}
+
 // Err reports why the session ended, or nil while it runs.
 func (s *Session) Err() error {
 	s.mu.Lock()
@@ -311,12 +326,17 @@ func (s *Session) fail(err error) {
 	if s.live != nil {
 		s.live.Stop()
 	}
+	after := s.after
+	s.after = nil
 	s.mu.Unlock()
 	close(s.done)
 	s.conn.Close()
 	s.w.fail(err)
 	for _, st := range streams {
 		st.fail(err)
+	}
+	for _, f := range after {
+		go f()
 	}
 }
 

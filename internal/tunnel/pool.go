@@ -129,8 +129,8 @@ type Pool struct {
 	t    *http2.Transport
 	live Liveness
 	log  *slog.Logger
-	// watchers are the goroutines that take version 2 sessions out when
-	// they end; Close waits for them.
+	// watchers counts the version 2 sessions not yet taken out after
+	// their end (mux.Session.AfterFunc does it); Close waits for them.
 	watchers sync.WaitGroup
 
 	// OnChange, if set before the first Add, is called after a session
