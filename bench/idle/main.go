@@ -36,7 +36,7 @@ func main() {
 	ping := flag.Duration("ping", 400*time.Millisecond, "the tunnels' ping interval (relay and agents); the timeout is 2.5×")
 	version := flag.Int("tunnel-version", tunnel.V2, "the tunnel version the agents offer: 2 (the agent's default) or 1")
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
-	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period, to this file")
+	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period and a collection (live objects), to this file")
 	flag.StringVar(&goroutineDump, "goroutine-dump", "", "save the relay's goroutines, counted by stack, after the idle period, to this file")
 	flag.Parse()
 	if *version != tunnel.V1 && *version != tunnel.V2 {
@@ -117,7 +117,7 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent\n",
 		heap/1024/float64(n), stack/1024/float64(n))
 	token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
-	for _, p := range []struct{ path, file string }{{"heap", heapProfile}, {"goroutine?debug=1", goroutineDump}} {
+	for _, p := range []struct{ path, file string }{{"heap?gc=1", heapProfile}, {"goroutine?debug=1", goroutineDump}} {
 		if p.file == "" {
 			continue
 		}
