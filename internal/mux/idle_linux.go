@@ -17,6 +17,11 @@ type rawReader struct {
 	raw   syscall.RawConn
 	fn    func(fd uintptr) bool
 	sizes readSize
+	// idle, if set, is asked when a read would wait holding no buffer
+	// after this goroutine read something: true makes the read return
+	// errHandOff, so that another goroutine waits (see Session.readLoop).
+	idle  func() bool
+	read1 bool // this goroutine has read something
 
 	// The read in progress: the buffer (nil: none held), where to read
 	// into it, and the outcome.
@@ -59,6 +64,10 @@ func (r *rawReader) attempt(fd uintptr) bool {
 			if r.w == 0 {
 				putChunk(r.buf) // hold no buffer while the connection is idle
 				r.buf = nil
+				if r.read1 && r.idle != nil && r.idle() {
+					r.n, r.err = 0, errHandOff
+					return true
+				}
 			}
 			return false
 		case err != nil:
@@ -67,6 +76,7 @@ func (r *rawReader) attempt(fd uintptr) bool {
 			r.n, r.err = 0, io.EOF
 		default:
 			r.n, r.err = n, nil
+			r.read1 = true
 			if r.w == 0 {
 				r.sizes.saw(n)
 			}
@@ -74,6 +84,9 @@ func (r *rawReader) attempt(fd uintptr) bool {
 		return true
 	}
 }
+
+// begin starts the reads of a goroutine: its first read waits.
+func (r *rawReader) begin() { r.read1 = false }
 
 // read reads into buf[w:], taking a buffer first if buf is nil. It
 // returns the buffer it holds after the read (nil if none) and the bytes

@@ -3,8 +3,13 @@ package mux
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"runtime"
 	"testing"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // TestRawReaderTakesWhatReadsNeed: a session woken by a few bytes (a
@@ -111,4 +116,51 @@ func TestSessionReadsFramesLargerThanItsBuffer(t *testing.T) {
 	}
 	st.Close()
 	peer.Close()
+}
+
+// TestIdleSessionsWaitOnSmallStacks: sessions that carry no stream wait
+// for their pings in fresh goroutines, on small stacks, after their
+// readers acted on frames (here a stream each, which grows a reader's
+// stack, and then pings).
+func TestIdleSessionsWaitOnSmallStacks(t *testing.T) {
+	d := handOffAfter
+	t.Cleanup(func() { handOffAfter = d }) // after the sessions' cleanups
+	handOffAfter = 50 * time.Millisecond
+	const pairs = 100
+	limit := int64(2500) // two readers a pair; a goroutine's smallest stack is 2 KiB
+	if raceEnabled {
+		limit = 5 << 10
+	}
+	stacks := func() int64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.StackInuse)
+	}
+	base := stacks()
+	var all []*Session
+	for range pairs {
+		c, s := tcpPair(t)
+		ping := Config{PingAfter: 20 * time.Millisecond, DeadAfter: 5 * time.Second}
+		client, server := sessions(t, c, s, ping, ping)
+		st, peer := streamPair(t, client, server)
+		msg := bytes.Repeat([]byte("x"), 30000)
+		go func() { st.Write(msg); st.Close() }()
+		if got, err := io.ReadAll(peer); err != nil || len(got) != len(msg) {
+			t.Fatalf("read %d bytes, %v; want %d", len(got), err, len(msg))
+		}
+		peer.Close()
+		all = append(all, client, server)
+	}
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if per := (stacks() - base) / (2 * pairs); per > limit {
+			return fmt.Errorf("%d bytes of stack per idle session, want at most %d", per, limit)
+		}
+		return nil
+	})
+	for _, s := range all {
+		if err := s.Err(); err != nil {
+			t.Fatalf("an idle session ended: %v", err)
+		}
+	}
 }

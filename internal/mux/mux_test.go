@@ -564,7 +564,7 @@ func TestSmallExchangesProbeRarely(t *testing.T) {
 		}
 	}
 	client.mu.Lock()
-	probes := client.bdp.probes
+	probes := int(client.bdp.probes)
 	client.mu.Unlock()
 	if most := exchanges*200/(InitialWindow/4) + 1; probes > most {
 		t.Errorf("%d probes over %d exchanges of 200 bytes, want at most %d", probes, exchanges, most)
