@@ -415,7 +415,8 @@ func (s *Session) addLocked(st *Stream) {
 // that a session serving requests one after another keeps its reader.
 var handOffAfter = time.Second
 
-// idle reports whether the session has carried no stream for handOffAfter.
+// idle reports whether the session has no stream now and has had none
+// added for handOffAfter.
 func (s *Session) idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
