@@ -36,7 +36,8 @@ func main() {
 	ping := flag.Duration("ping", 400*time.Millisecond, "the tunnels' ping interval (relay and agents); the timeout is 2.5×")
 	version := flag.Int("tunnel-version", tunnel.V2, "the tunnel version the agents offer: 2 (the agent's default) or 1")
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
-	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period, to this file")
+	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period and a collection (live objects), to this file")
+	flag.StringVar(&goroutineDump, "goroutine-dump", "", "save the relay's goroutines, counted by stack, after the idle period, to this file")
 	flag.Parse()
 	if *version != tunnel.V1 && *version != tunnel.V2 {
 		log.Fatalf("-tunnel-version %d: use %d or %d", *version, tunnel.V1, tunnel.V2)
@@ -49,6 +50,9 @@ func main() {
 
 // heapProfile, when set, receives the relay's heap profile.
 var heapProfile string
+
+// goroutineDump, when set, receives the relay's goroutines in text.
+var goroutineDump string
 
 // tunnelVersion is the version the agents offer; a relay that takes it is
 // checked for each tunnel.
@@ -112,9 +116,12 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	stack := benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
 	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent\n",
 		heap/1024/float64(n), stack/1024/float64(n))
-	if heapProfile != "" {
-		token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
-		if err := benchkit.SaveProfile("http://127.0.0.1:"+admin+"/debug/pprof/heap", strings.TrimSpace(string(token)), heapProfile); err != nil {
+	token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
+	for _, p := range []struct{ path, file string }{{"heap?gc=1", heapProfile}, {"goroutine?debug=1", goroutineDump}} {
+		if p.file == "" {
+			continue
+		}
+		if err := benchkit.SaveProfile("http://127.0.0.1:"+admin+"/debug/pprof/"+p.path, strings.TrimSpace(string(token)), p.file); err != nil {
 			return err
 		}
 	}

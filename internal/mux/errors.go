@@ -63,6 +63,10 @@ var (
 	// ErrStreamsExhausted means the session has opened all the streams its
 	// ids can name; open a new session.
 	ErrStreamsExhausted = errors.New("mux: stream ids exhausted")
+
+	// errHandOff, from a read, means that the reader should wait for the
+	// next bytes in a fresh goroutine (see Session.readLoop).
+	errHandOff = errors.New("mux: the reader hands off to a fresh goroutine")
 )
 
 // OpenError is a failure to open a stream (Session.Open): nothing of it

@@ -10,10 +10,18 @@ import (
 // rawReader reads a socket with its own system calls, so that an idle
 // session holds no read buffer: it takes one when the socket has bytes,
 // and gives it back when a read would wait (unless it holds part of a
-// frame).
+// frame). The buffer it takes is as large as its reads have needed: 4 KiB
+// for the pings of an idle session, so that ten thousand sessions woken
+// at once take little, up to readBufSize while reads fill it.
 type rawReader struct {
-	raw syscall.RawConn
-	fn  func(fd uintptr) bool
+	raw   syscall.RawConn
+	fn    func(fd uintptr) bool
+	sizes readSize
+	// idle, if set, is asked when a read would wait holding no buffer
+	// after this goroutine read something: true makes the read return
+	// errHandOff, so that another goroutine waits (see Session.readLoop).
+	idle  func() bool
+	read1 bool // this goroutine has read something
 
 	// The read in progress: the buffer (nil: none held), where to read
 	// into it, and the outcome.
@@ -45,7 +53,7 @@ func newRawReader(c net.Conn) *rawReader {
 // attempt is one read; false means the socket has nothing: wait.
 func (r *rawReader) attempt(fd uintptr) bool {
 	if r.buf == nil {
-		r.buf = getChunk(readBufSize)
+		r.buf = getChunk(r.sizes.size())
 	}
 	for {
 		n, err := sysRead(int(fd), r.buf[r.w:])
@@ -56,6 +64,10 @@ func (r *rawReader) attempt(fd uintptr) bool {
 			if r.w == 0 {
 				putChunk(r.buf) // hold no buffer while the connection is idle
 				r.buf = nil
+				if r.read1 && r.idle != nil && r.idle() {
+					r.n, r.err = 0, errHandOff
+					return true
+				}
 			}
 			return false
 		case err != nil:
@@ -64,15 +76,37 @@ func (r *rawReader) attempt(fd uintptr) bool {
 			r.n, r.err = 0, io.EOF
 		default:
 			r.n, r.err = n, nil
+			r.read1 = true
+			if r.w == 0 {
+				r.sizes.saw(n)
+			}
 		}
 		return true
 	}
 }
 
+// begin starts the reads of a goroutine: its first read waits.
+func (r *rawReader) begin() { r.read1 = false }
+
 // read reads into buf[w:], taking a buffer first if buf is nil. It
 // returns the buffer it holds after the read (nil if none) and the bytes
-// read.
+// read. A buffer smaller than the reads now ask for is swapped for a
+// larger one first, and one that the bytes kept for a frame fill (w ==
+// len(buf)) for one of readBufSize, which holds any frame the session
+// waits to read whole.
 func (r *rawReader) read(buf []byte, w int) ([]byte, int, error) {
+	if buf != nil {
+		want := r.sizes.size() // reads grew it since buf was taken
+		if w == len(buf) {
+			want = readBufSize
+		}
+		if len(buf) < want {
+			bigger := getChunk(want)
+			copy(bigger, buf[:w])
+			putChunk(buf)
+			buf = bigger
+		}
+	}
 	r.buf, r.w, r.n, r.err = buf, w, 0, nil
 	if err := r.raw.Read(r.fn); err != nil {
 		return r.buf, 0, err

@@ -9,9 +9,11 @@ import (
 
 // rawReader is Linux-only; elsewhere a session reads through the net.Conn
 // and keeps its read buffer.
-type rawReader struct{}
+type rawReader struct{ idle func() bool }
 
 func newRawReader(net.Conn) *rawReader { return nil }
+
+func (*rawReader) begin() { panic("unreachable") }
 
 func (*rawReader) read(buf []byte, w int) ([]byte, int, error) { panic("unreachable") }
 

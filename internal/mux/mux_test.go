@@ -564,9 +564,30 @@ func TestSmallExchangesProbeRarely(t *testing.T) {
 		}
 	}
 	client.mu.Lock()
-	probes := client.bdp.probes
+	probes := int(client.bdp.probes)
 	client.mu.Unlock()
 	if most := exchanges*200/(InitialWindow/4) + 1; probes > most {
 		t.Errorf("%d probes over %d exchanges of 200 bytes, want at most %d", probes, exchanges, most)
+	}
+}
+
+// TestAfterFunc: a function given to AfterFunc runs once the session has
+// ended, when the peer goes; one given after the end runs at once.
+func TestAfterFunc(t *testing.T) {
+	client, server := tcpSessions(t)
+	ended := make(chan error, 2)
+	server.AfterFunc(func() { ended <- server.Err() })
+	select {
+	case err := <-ended:
+		t.Fatalf("ran while the session was open (err %v)", err)
+	default:
+	}
+	client.Close()
+	if err := <-ended; err == nil {
+		t.Fatal("ran before the session had ended")
+	}
+	server.AfterFunc(func() { ended <- server.Err() })
+	if err := <-ended; err == nil {
+		t.Fatal("ran before the session had ended")
 	}
 }

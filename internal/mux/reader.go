@@ -2,14 +2,21 @@ package mux
 
 import (
 	"io"
-	"time"
 )
 
 // readLoop reads and acts on frames until the connection fails or the
-// session ends.
+// session ends. A session that has carried no stream for a while waits
+// for its next bytes in a fresh goroutine, which takes over from the one
+// that read the last: an idle session so holds one goroutine whose stack
+// is small, where the reader would keep the stack it grew acting on
+// frames (until the runtime shrinks it, if it ever does).
 func (s *Session) readLoop() {
-	defer close(s.readerDone)
 	err := s.readFrames()
+	if err == errHandOff {
+		go s.readLoop()
+		return
+	}
+	defer s.reading.Done()
 	if err == io.EOF {
 		err = ErrSessionClosed
 	}
@@ -21,7 +28,10 @@ func (s *Session) readLoop() {
 const largePayload = readBufSize / 4
 
 func (s *Session) readFrames() error {
-	raw := newRawReader(s.conn) // nil where the socket cannot be read without a buffer held
+	raw := s.raw // nil where the socket cannot be read without a buffer held
+	if raw != nil {
+		raw.begin()
+	}
 	var buf []byte
 	defer func() {
 		if buf != nil {
@@ -115,7 +125,7 @@ func (s *Session) handle(h header, payload []byte, owned bool) error {
 		s.pong(h.value)
 	case typeGoAway:
 		s.mu.Lock()
-		if !s.goneAway {
+		if !s.goneAway && s.peerAway != nil {
 			close(s.peerAway)
 		}
 		s.goneAway = true
@@ -205,7 +215,7 @@ func (s *Session) probeBDP(n int) {
 	start := !b.out && window < int64(s.cfg.MaxWindow) && int64(b.bytes) >= window/4
 	if start {
 		b.out = true
-		b.sent = time.Now()
+		b.sent = clock()
 		b.bytes = n
 		b.probes++
 	}
@@ -231,7 +241,7 @@ func (s *Session) pong(value uint32) {
 		return
 	}
 	b.out = false
-	b.rtt = time.Since(b.sent)
+	b.rtt = clock() - b.sent
 	// What arrived during one round trip is what the link holds. When it
 	// nears the window, the window is what limits the stream: double it.
 	window := s.window.Load()

@@ -46,7 +46,7 @@ func (h *HTTPStream) Done() {
 // new requests is here, ErrNoHTTPService when none announced an HTTP
 // service, and a *BusyError when the device is at its limit.
 func (p *Pool) OpenHTTP(ctx context.Context, device string) (*HTTPStream, error) {
-	s, c, err := p.pickHTTP(device)
+	s, c, leaving, err := p.pickHTTP(device)
 	if err != nil {
 		return nil, fmt.Errorf("device %q: %w", device, err)
 	}
@@ -55,12 +55,13 @@ func (p *Pool) OpenHTTP(ctx context.Context, device string) (*HTTPStream, error)
 		s.inflight.Add(-1)
 		return nil, fmt.Errorf("device %q: %w", device, &mux.OpenError{Err: err})
 	}
-	return &HTTPStream{Stream: st, Service: c.svc, Leaving: s.leaving, s: s}, nil
+	return &HTTPStream{Stream: st, Service: c.svc, Leaving: leaving, s: s}, nil
 }
 
 // pickHTTP returns, counted in flight, device's usable version 2 session
-// with an HTTP service and the fewest requests in flight.
-func (p *Pool) pickHTTP(device string) (*Session, *muxCarrier, error) {
+// with an HTTP service and the fewest requests in flight, and its leaving
+// context.
+func (p *Pool) pickHTTP(device string) (*Session, *muxCarrier, context.Context, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	list := p.devices[device]
@@ -87,12 +88,12 @@ func (p *Pool) pickHTTP(device string) (*Session, *muxCarrier, error) {
 	switch {
 	case best != nil:
 		best.inflight.Add(1)
-		return best, best.c.(*muxCarrier), nil
+		return best, best.c.(*muxCarrier), best.leavingLocked(), nil
 	case busy:
 		p.busy.Add(1)
-		return nil, nil, &BusyError{Device: device, DeviceCap: int(p.deviceCap())}
+		return nil, nil, nil, &BusyError{Device: device, DeviceCap: int(p.deviceCap())}
 	case v2 && !hasService:
-		return nil, nil, ErrNoHTTPService
+		return nil, nil, nil, ErrNoHTTPService
 	}
-	return nil, nil, ErrNoAgent
+	return nil, nil, nil, ErrNoAgent
 }

@@ -65,8 +65,39 @@ type Session struct {
 	gone     bool          // taken out of the pool; guarded by pool.mu
 	// leaving ends when the session is asked to go (drain) or leaves the
 	// pool: streams spliced onto it from another relay are then retired.
+	// It is made for the first stream that needs it (leavingLocked), so
+	// that an idle session holds none; left is set once it has ended.
+	// All three are guarded by pool.mu.
 	leaving context.Context
 	leave   context.CancelFunc
+	left    bool
+}
+
+// leavingLocked returns the session's leaving context, made now if no
+// stream needed it before. The pool's lock is held.
+func (s *Session) leavingLocked() context.Context {
+	if s.leaving == nil {
+		s.leaving, s.leave = context.WithCancel(context.Background())
+		if s.left {
+			s.leave()
+		}
+	}
+	return s.leaving
+}
+
+// leftLocked ends the session's leaving context. The pool's lock is held.
+func (s *Session) leftLocked() {
+	s.left = true
+	if s.leave != nil {
+		s.leave()
+	}
+}
+
+// goes ends the session's leaving context.
+func (s *Session) goes() {
+	s.pool.mu.Lock()
+	s.leftLocked()
+	s.pool.mu.Unlock()
 }
 
 // Done is closed when the session's connection has died or been closed.
@@ -129,8 +160,8 @@ type Pool struct {
 	t    *http2.Transport
 	live Liveness
 	log  *slog.Logger
-	// watchers are the goroutines that take version 2 sessions out when
-	// they end; Close waits for them.
+	// watchers counts the version 2 sessions not yet taken out after
+	// their end (mux.Session.AfterFunc does it); Close waits for them.
 	watchers sync.WaitGroup
 
 	// OnChange, if set before the first Add, is called after a session
@@ -199,9 +230,8 @@ func (p *Pool) join(s *Session) (*Session, error) {
 		testHookStarted()
 	}
 	p.mu.Lock()
-	s.leaving, s.leave = context.WithCancel(context.Background())
 	if s.gone {
-		s.leave()
+		s.leftLocked()
 		// The connection died while HTTP/2 started on it (an agent that
 		// sent garbage at once): it never joins the pool.
 		p.mu.Unlock()
@@ -236,9 +266,7 @@ func (p *Pool) remove(s *Session) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s.gone = true
-	if s.leave != nil {
-		s.leave()
-	}
+	s.leftLocked()
 	list := p.devices[s.Device]
 	for i, x := range list {
 		if x == s {
@@ -431,7 +459,7 @@ func (s *Session) drain() {
 	if s.draining.Swap(true) {
 		return
 	}
-	s.leave()
+	s.goes()
 	go s.c.shutdown(context.Background()) // ends when the streams do, or the connection dies
 }
 
@@ -498,7 +526,7 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, s := range all {
 		s.draining.Store(true)
-		s.leave()
+		s.goes()
 		wg.Go(func() { errs[i] = s.c.shutdown(ctx) })
 	}
 	wg.Wait()

@@ -266,8 +266,9 @@ func (p *Pool) AddV2(conn net.Conn, device, agentID, instance string, services m
 	})
 	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V2, pool: p, done: make(chan struct{})}
 	s.c = newMuxCarrier(device, ms, services)
-	p.watchers.Go(func() {
-		<-ms.Done()
+	p.watchers.Add(1)
+	ms.AfterFunc(func() {
+		defer p.watchers.Done()
 		s.c.close()
 		p.remove(s)
 		close(s.done)

@@ -1,0 +1,93 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/mux"
+	"github.com/switchboard-relay/switchboard/internal/service"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
+)
+
+// TestHTTPStreamLeavingEnds: an idle version 2 session holds no leaving
+// context; the one its streams get ends when the session is drained (it
+// then takes no new stream) or when it leaves the pool.
+func TestHTTPStreamLeavingEnds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pool := NewPool(Liveness{Interval: time.Hour, Timeout: time.Hour}, nil)
+	defer pool.Close()
+	services, err := service.ParseAnnouncement(announce(t, service.Service{Name: service.Default, Kind: service.HTTP, Addr: "127.0.0.1:1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(device string) (*Session, *mux.Session) {
+		t.Helper()
+		agentEnd, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		agent := mux.New(agentEnd, mux.Config{Client: true})
+		t.Cleanup(func() { agent.Close() })
+		relayEnd, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := pool.AddV2(relayEnd, device, "", "", services)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, agent
+	}
+	done := func(ctx context.Context) bool {
+		select {
+		case <-ctx.Done():
+			return true
+		default:
+			return false
+		}
+	}
+
+	drained, _ := add("drained")
+	pool.mu.Lock()
+	idle := drained.leaving
+	pool.mu.Unlock()
+	if idle != nil {
+		t.Error("an idle session holds a leaving context before any stream needed it")
+	}
+	st, err := pool.OpenHTTP(context.Background(), "drained")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Done()
+	if done(st.Leaving) {
+		t.Fatal("a stream's Leaving ended while its session is in the pool")
+	}
+	pool.DrainDevice("drained")
+	if !done(st.Leaving) {
+		t.Error("a stream's Leaving did not end when its session was drained")
+	}
+	if _, err := pool.OpenHTTP(context.Background(), "drained"); !errors.Is(err, ErrNoAgent) {
+		t.Errorf("a stream opened on a draining session: %v, want ErrNoAgent", err)
+	}
+
+	_, agent := add("gone")
+	st2, err := pool.OpenHTTP(context.Background(), "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Done()
+	agent.Close()
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if !done(st2.Leaving) {
+			return errors.New("a stream's Leaving did not end when its session left the pool")
+		}
+		return nil
+	})
+}
