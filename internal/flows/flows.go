@@ -63,7 +63,7 @@ func (c Config) info(msg string, args ...any) {
 		c.logger().Info(msg, args...)
 		return
 	}
-	c.Lines.Info(c.logger(), msg, args...)
+	c.Lines.InfoTo(c.logger(), msg, args...)
 }
 
 // warn logs a Warn line within Lines' bound.
@@ -72,7 +72,7 @@ func (c Config) warn(msg string, args ...any) {
 		c.logger().Warn(msg, args...)
 		return
 	}
-	c.Lines.Warn(c.logger(), msg, args...)
+	c.Lines.WarnTo(c.logger(), msg, args...)
 }
 
 func (c Config) logger() *slog.Logger {

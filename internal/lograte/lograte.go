@@ -6,7 +6,7 @@
 //
 //	refusals := lograte.New(lograte.DefaultPerSecond)
 //	...
-//	refusals.Info(log, "connection refused", logkey.Source, src)
+//	refusals.InfoTo(log, "connection refused", logkey.Source, src)
 package lograte
 
 import (
@@ -65,14 +65,15 @@ func (l *Limiter) Allow() (skipped int, ok bool) {
 	return skipped, true
 }
 
-// Info logs msg at level Info unless this second's lines are spent; a
-// line after some were held back carries their count (logkey.Suppressed).
-func (l *Limiter) Info(log *slog.Logger, msg string, args ...any) {
+// InfoTo logs msg to log at level Info unless this second's lines are
+// spent; a line after some were held back carries their count
+// (logkey.Suppressed).
+func (l *Limiter) InfoTo(log *slog.Logger, msg string, args ...any) {
 	l.log(log, slog.LevelInfo, msg, args...)
 }
 
-// Warn is Info at level Warn.
-func (l *Limiter) Warn(log *slog.Logger, msg string, args ...any) {
+// WarnTo is InfoTo at level Warn.
+func (l *Limiter) WarnTo(log *slog.Logger, msg string, args ...any) {
 	l.log(log, slog.LevelWarn, msg, args...)
 }
 

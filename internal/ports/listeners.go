@@ -181,7 +181,7 @@ func (p *portBase) mapping() Mapping { return p.m }
 // admit reports whether a connection from src may go on, taking a slot.
 func (p *portBase) admit(src netip.AddrPort) bool {
 	if !allows(p.prefixes, src.Addr()) {
-		p.lines.Info(p.log, "connection refused: source not allowed", logkey.Source, src)
+		p.lines.InfoTo(p.log, "connection refused: source not allowed", logkey.Source, src)
 		p.refuseConn(src, tcpconns.ReasonSource)
 		return false
 	}
@@ -192,7 +192,7 @@ func (p *portBase) admit(src netip.AddrPort) bool {
 	case p.slots <- struct{}{}:
 		return true
 	default:
-		p.lines.Info(p.log, "connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
+		p.lines.InfoTo(p.log, "connection refused: the port's connection limit is reached", logkey.Source, src, logkey.Limit, p.m.MaxConns)
 		p.refuseConn(src, tcpconns.ReasonLimit)
 		return false
 	}
@@ -301,7 +301,7 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort, end func()) {
 	start := time.Now()
 	dev, err := p.open.Open(p.ctx, p.target)
 	if err != nil {
-		p.lines.Info(p.log, "connection refused", logkey.Source, src, logkey.Err, err)
+		p.lines.InfoTo(p.log, "connection refused", logkey.Source, src, logkey.Err, err)
 		p.refuse(src, reasonOf(err), err)
 		end()
 		return
@@ -318,7 +318,7 @@ func (p *tcpPort) serve(c net.Conn, src netip.AddrPort, end func()) {
 			_, err = dev.Write(hdr)
 		}
 		if err != nil {
-			p.lines.Info(p.log, "connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
+			p.lines.InfoTo(p.log, "connection ended: the PROXY header could not be sent", logkey.Source, src, logkey.Err, err)
 			p.refuse(src, cmp.Or(connect.Reason(err), tcpconns.ReasonProxyHeader), err)
 			dev.Close()
 			done()

@@ -301,7 +301,7 @@ func (c *Conn) Refused(reason string, err error) {
 		t.m.openNow.WithLabelValues(string(c.kind), c.name).Dec()
 	}
 	t.m.refused.WithLabelValues(string(c.kind), label, reason).Inc()
-	t.refusals.Info(t.log, c.kind.noun()+" refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
+	t.refusals.InfoTo(t.log, c.kind.noun()+" refused", logkey.Kind, c.kind, logkey.Target, c.target, logkey.Source, c.source, logkey.Reason, reason, logkey.Err, err)
 }
 
 // forget takes c out of the open connections, reporting whether it was
@@ -327,7 +327,7 @@ func (t *Tracker) Refuse(kind Kind, name, target, source, reason string, err err
 		label = t.known(kind, name)
 	}
 	t.m.refused.WithLabelValues(string(kind), label, reason).Inc()
-	t.refusals.Info(t.log, kind.noun()+" refused", logkey.Kind, kind, logkey.Target, target, logkey.Source, source, logkey.Reason, reason, logkey.Err, err)
+	t.refusals.InfoTo(t.log, kind.noun()+" refused", logkey.Kind, kind, logkey.Target, target, logkey.Source, source, logkey.Reason, reason, logkey.Err, err)
 }
 
 // known returns name when a connection to it was carried, else OtherName:
