@@ -86,6 +86,10 @@ type Config struct {
 	// tunnel.V2 (the default), which falls back to tunnel.V1 against a
 	// relay that lacks it, or tunnel.V1 alone.
 	TunnelVersion int
+	// NoStandby keeps no standby tunnel beside the native tunnel. Default
+	// off: a version 2 tunnel over an HTTP/1.1 Upgrade keeps one at the
+	// relay its holder names (docs/design/hot-standby.md).
+	NoStandby bool
 	// MaxChunkSize caps the response bytes posted per chunk. Default 1 MiB.
 	MaxChunkSize int
 	// BlockSize is the read size from the backend. Default 64 KiB.

@@ -20,10 +20,14 @@ import (
 )
 
 // runNative keeps one tunnel to a relay open, serving every request on it,
-// and redials with jittered backoff when it drops. Against a relay without
-// the tunnel it falls back to the long-poll protocol.
+// with a standby tunnel beside it at another relay when its relay names
+// one (hold), and redials with jittered backoff when it drops and no
+// standby took its place. Against a relay without the tunnel it falls
+// back to the long-poll protocol.
 func (a *Agent) runNative(ctx context.Context) error {
 	handler := a.nativeHandler()
+	var wg sync.WaitGroup // the tunnels served, standbys included
+	defer wg.Wait()
 	bo := backoff.New(backoff.Policy{})
 	w := newWalker(a.cfg.Relays)
 	for ctx.Err() == nil {
@@ -58,24 +62,19 @@ func (a *Agent) runNative(ctx context.Context) error {
 		bo.Up(time.Now())
 		w.connected(c, placed)
 		a.setState("connected", logkey.Relay, c.url.Redacted(), logkey.RelayID, placed.RelayID, logkey.Protocol, ProtocolNative, logkey.TunnelVersion, version)
-		wc := &watchedConn{Conn: conn}
-		up := time.Now()
-		if version == tunnel.V2 {
-			tunnel.ServeStreams(ctx, wc, a.cfg.Liveness, a.dialStream)
-		} else {
-			tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
-		}
+		t := a.hold(ctx, &wg, w, a.serveTunnel(ctx, &wg, c, conn, placed, version, handler))
+		<-t.done // hold returns once it has ended, or with ctx
 		if ctx.Err() != nil {
 			return nil
 		}
-		silent := wc.silent(up, a.cfg.Liveness.WithDefaults().Timeout)
-		w.lost(silent, wc.lastSign(up))
+		silent := t.wc.silent(t.up, a.cfg.Liveness.WithDefaults().Timeout)
+		w.lost(silent, t.wc.lastSign(t.up))
 		if silent {
 			// The relay stopped answering: go to the next relay at once.
-			a.setState("disconnected", logkey.Relay, c.url.Redacted(), logkey.Err, "the relay stopped answering")
+			a.setState("disconnected", logkey.Relay, t.c.url.Redacted(), logkey.Err, "the relay stopped answering")
 			continue
 		}
-		a.setState("disconnected", logkey.Relay, c.url.Redacted(), logkey.Err, "tunnel closed")
+		a.setState("disconnected", logkey.Relay, t.c.url.Redacted(), logkey.Err, "tunnel closed")
 		if !sleep(ctx, bo.Next(time.Now())) {
 			return nil
 		}

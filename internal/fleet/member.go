@@ -53,13 +53,15 @@ type Member struct {
 	reachable   atomic.Bool
 	frozen      atomic.Pointer[freeze] // the relay set's last freeze that ended; see view
 
-	mu        sync.Mutex           // guards published; held by the reconcile loop
-	published map[string]Presence  // what this relay last wrote per device
-	movedAway map[string]bool      // devices another relay took while agents remained here
-	wroteAt   map[string]time.Time // the updated_at of this relay's last write per device
-	lostSince map[string]time.Time // when an arriving agent lost its previous relay
-	lostMu    sync.Mutex           // guards lostSince, apart from mu: handshakes note into it
-	hk        housekeeping         // used by the lease holder's loop only
+	mu         sync.Mutex           // guards published; held by the reconcile loop
+	published  map[string]Presence  // what this relay last wrote per device
+	movedAway  map[string]bool      // devices another relay took while agents remained here
+	wroteAt    map[string]time.Time // the updated_at of this relay's last write per device
+	lostSince  map[string]time.Time // when an arriving agent lost its previous relay
+	standbys   map[string]bool      // devices this relay recorded itself the standby of
+	promoteSub *nats.Subscription
+	lostMu     sync.Mutex   // guards lostSince, apart from mu: handshakes note into it
+	hk         housekeeping // used by the lease holder's loop only
 }
 
 // Open opens the fleet state in st for the relay cfg describes and starts the
@@ -81,6 +83,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		movedAway: map[string]bool{},
 		wroteAt:   map[string]time.Time{},
 		lostSince: map[string]time.Time{},
+		standbys:  map[string]bool{},
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
@@ -139,6 +142,10 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("listening for cancel requests: %w", err)
 	}
 	m.cancelSub = sub
+	if m.promoteSub, err = m.subscribePromotes(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("listening for promote requests: %w", err)
+	}
 	if err := m.waitSynced(ctx); err != nil {
 		m.Close()
 		return nil, err
@@ -201,6 +208,9 @@ func (m *Member) Close() error {
 	m.closeOnce.Do(func() {
 		if m.cancelSub != nil {
 			_ = m.cancelSub.Unsubscribe()
+		}
+		if m.promoteSub != nil {
+			_ = m.promoteSub.Unsubscribe()
 		}
 		m.cancel()
 		m.wg.Wait()
@@ -353,6 +363,9 @@ func (m *Member) reconcileLoop(ctx context.Context) {
 		if err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
 			m.log.Debug("publishing attachments", logkey.Err, err)
 		}
+		if err := m.reconcileStandbys(ctx); err != nil && ctx.Err() == nil {
+			m.log.Debug("publishing standbys", logkey.Err, err)
+		}
 	})
 }
 
@@ -475,7 +488,8 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence) (written ti
 		m.cfg.OnMove(dev, res.from, took)
 		// Split affinity: the old holder drops what it still has of the
 		// device, so that its agents reconnect and land here.
-		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID, Moved: true})
+		// A promoted standby's agent retires its old tunnel by itself.
+		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID, Moved: true, Promoted: m.standbys[dev]})
 	case res.isNew:
 		m.Record(Event{Type: EventDeviceAttached, Device: dev, RelayID: m.cfg.RelayID,
 			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, p.Agents, p.Protocol)})

@@ -167,6 +167,10 @@ type Config struct {
 	// TunnelV1Only makes the relay take only version 1 tunnels, as a relay
 	// from before version 2 did: for tests of mixed fleets. Default off.
 	TunnelV1Only bool
+	// NoStandby makes the relay keep no standby tunnels and name none to
+	// its agents, as a relay from before hot standby did: for tests of
+	// mixed fleets. Default off.
+	NoStandby bool
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration

@@ -262,10 +262,11 @@ func (n *Node) buildServers() {
 	}
 	users = n.fanoutTransport(users)
 	n.publicHandler = relay.NewHandler(relay.Config{
-		Transport:     users,
-		VerifyPeer:    n.verifyPeer,
-		Agents:        agents,
-		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, V1Only: n.cfg.TunnelV1Only, Logger: n.log},
+		Transport:  users,
+		VerifyPeer: n.verifyPeer,
+		Agents:     agents,
+		Tunnels: &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, V1Only: n.cfg.TunnelV1Only, Logger: n.log,
+			Standby: n.standbyHook(), SelfID: func() string { return n.relayID }},
 		AuthorizeUser: n.authorizeUser,
 		Ready:         func() bool { return n.ready.Load() && !n.draining() },
 		StallTimeout:  n.cfg.IdleStreamTimeout,
@@ -377,7 +378,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok {
 		spread = min(spread, time.Until(d)/3)
 	}
-	agents := n.tunnels.DrainSessions(spread, nil) // the relay goes away whoever takes its agents
+	n.tunnels.CloseStandbys()
+	agents := n.tunnels.DrainSessions(spread, n.drainMovable(nil)) // the relay goes away whoever takes its agents
 	n.log.Info("relay draining", logkey.Timeout, n.cfg.DrainTimeout, logkey.NativeAgents, agents, logkey.Spread, spread)
 	n.broker.Drain()
 	// Long-poll agents post every response chunk as a new request to the

@@ -150,7 +150,8 @@ type Pool struct {
 
 	mu      sync.Mutex // guards the fields below
 	devices map[string][]*Session
-	turn    int // rotates the first choice among equally loaded sessions
+	turn    int                   // rotates the first choice among equally loaded sessions
+	standby map[string][]*Session // standby tunnels by device, apart until promoted (standby.go)
 }
 
 // NewPool returns an empty pool whose sessions use liveness.
@@ -344,6 +345,13 @@ func (p *Pool) CloseAgent(agentID string) int {
 			}
 		}
 	}
+	for _, ss := range p.standby {
+		for _, s := range ss {
+			if s.AgentID == agentID {
+				list = append(list, s)
+			}
+		}
+	}
 	p.mu.Unlock()
 	for _, s := range list {
 		s.Close()
@@ -461,11 +469,14 @@ func (p *Pool) Sessions() int {
 	return n
 }
 
-// Close closes every session.
+// Close closes every session, standbys included.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	var all []*Session
 	for _, l := range p.devices {
+		all = append(all, l...)
+	}
+	for _, l := range p.standby {
 		all = append(all, l...)
 	}
 	p.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
@@ -27,6 +28,15 @@ type DialService func(ctx context.Context, name string) (net.Conn, error)
 // l.Interval of silence and gives the relay up after l.Interval+l.Timeout.
 // ServeStreams returns once every stream has ended.
 func ServeStreams(ctx context.Context, conn net.Conn, l Liveness, dial DialService) {
+	ServeStreamsUntil(ctx, conn, l, dial, nil)
+}
+
+// ServeStreamsUntil is ServeStreams, retiring the tunnel when retire is
+// closed: it tells the relay to open no more streams here (GOAWAY) and
+// closes the connection once the streams in flight have ended, or when
+// the relay falls silent. An agent retires its old tunnel so when the
+// fleet promoted its standby.
+func ServeStreamsUntil(ctx context.Context, conn net.Conn, l Liveness, dial DialService, retire <-chan struct{}) {
 	l = l.WithDefaults()
 	ms := mux.New(conn, mux.Config{Client: true, MaxWindow: MaxWindow, PingAfter: l.Interval, DeadAfter: l.Interval + l.Timeout})
 	stop := context.AfterFunc(ctx, func() { ms.Close() })
@@ -34,6 +44,9 @@ func ServeStreams(ctx context.Context, conn net.Conn, l Liveness, dial DialServi
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer ms.Close()
+	if retire != nil {
+		wg.Go(func() { retireWhen(ms, retire) })
+	}
 	for {
 		st, err := ms.Accept()
 		if err != nil {
@@ -41,6 +54,27 @@ func ServeStreams(ctx context.Context, conn net.Conn, l Liveness, dial DialServi
 		}
 		wg.Go(func() { serveStream(ctx, st, dial) })
 	}
+}
+
+// retireWhen sends GOAWAY on ms when retire is closed, then closes ms
+// when its streams have ended. It returns when ms has ended.
+func retireWhen(ms *mux.Session, retire <-chan struct{}) {
+	select {
+	case <-retire:
+	case <-ms.Done():
+		return
+	}
+	ms.GoAway(0)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for ms.NumStreams() > 0 {
+		select {
+		case <-ms.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	ms.Close()
 }
 
 // serveStream dials the service st names and joins the two.

@@ -1,0 +1,151 @@
+package node
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/httperr"
+	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/tunnel"
+)
+
+// Hot standby (docs/design/hot-standby.md): this relay keeps standby
+// tunnels for devices held elsewhere, promotes them when its watchdog
+// vetoes the holder or the holder asks (a drain), and, as a holder, names
+// each agent's standby and asks it to promote when this relay drains.
+
+// errStandbyLeaving refuses a standby on a relay that drains or stops.
+var errStandbyLeaving = httperr.New(http.StatusServiceUnavailable, "this relay is draining; keep a standby at another")
+
+// errStandbyHolder refuses a standby on the relay that holds the device.
+var errStandbyHolder = httperr.New(http.StatusConflict, "this relay holds the device: connect a tunnel, not a standby")
+
+// standbyHook is the tunnel endpoint's Standby: nil, refusing every
+// standby as a relay from before hot standby, when NoStandby or
+// TunnelV1Only says so.
+func (n *Node) standbyHook() func(*http.Request, string) error {
+	if n.cfg.NoStandby || n.cfg.TunnelV1Only {
+		return nil
+	}
+	return n.acceptStandby
+}
+
+// acceptStandby decides whether this relay keeps a standby tunnel for
+// device: not while it drains or stops, and not when it is the device's
+// holder.
+func (n *Node) acceptStandby(_ *http.Request, device string) error {
+	if n.member == nil {
+		return errStandbyLeaving
+	}
+	if n.draining() || n.stopping.Load() {
+		return errStandbyLeaving
+	}
+	if e, ok := n.member.Entry(device); ok && e.RelayID == n.relayID && e.Agents > 0 {
+		return errStandbyHolder
+	}
+	return nil
+}
+
+// nameStandby names, in the answer to an agent taken here, the relay it
+// should keep its standby tunnel at.
+func (n *Node) nameStandby(p *tunnel.Placement, device string) {
+	if n.cfg.NoStandby || n.cfg.TunnelV1Only {
+		return
+	}
+	if t, ok := n.member.Standby(device, n.cfg.Region, n.placeVetoed); ok && !t.Self {
+		p.Standby = t.ID
+	}
+}
+
+// promoteFrom promotes every standby kept here whose device the directory
+// records on relay id, which this relay's watchdog has just vetoed, after
+// missing it for after (0 for a veto from the data path): the devices'
+// moves are timed from the first miss.
+func (n *Node) promoteFrom(id string, after time.Duration) {
+	if n.member == nil {
+		return
+	}
+	for device := range n.tunnels.Standbys() {
+		if e, ok := n.member.Entry(device); ok && e.RelayID == id {
+			n.promote(device, id, "its holder is vetoed", after)
+		}
+	}
+}
+
+// onPromote is relay from's request, as the device's holder, that this
+// relay promote its standby of device: from drains.
+func (n *Node) onPromote(device, from string) {
+	if e, ok := n.member.Entry(device); !ok || e.RelayID != from {
+		return // the device moved meanwhile: the request is stale
+	}
+	n.promote(device, from, "its holder asked", 0)
+}
+
+// promote turns this relay's standby tunnels of device into its tunnels,
+// unless this relay is leaving; its publisher then records the move, timed
+// from lostFor ago.
+func (n *Node) promote(device, from, why string, lostFor time.Duration) {
+	if n.draining() || n.stopping.Load() {
+		return
+	}
+	next := ""
+	vetoed := func(id string) bool { return id == from || n.placeVetoed(id) }
+	if t, ok := n.member.Standby(device, n.cfg.Region, vetoed); ok && !t.Self {
+		next = t.ID
+	}
+	n.member.NoteLost(device, lostFor)
+	if k := n.tunnels.Promote(device, next); k > 0 {
+		n.log.Info("standby promoted", logkey.Device, device, logkey.Holder, from, logkey.Reason, why, logkey.Tunnels, k)
+		n.member.Changed()
+	}
+}
+
+// flipToStandby asks the relay keeping device's standby to promote it,
+// when that relay would take the device now; it reports whether it asked.
+// A draining relay calls it just before sending the agent on.
+func (n *Node) flipToStandby(device string) bool {
+	e, ok := n.member.Entry(device)
+	if !ok || e.Standby == "" || e.RelayID != n.relayID {
+		return false
+	}
+	t, ok := n.member.Holder(device, n.cfg.Region, n.placeVetoed, "")
+	if !ok || t.ID != e.Standby {
+		return false
+	}
+	n.member.AskPromote(device, e.Standby)
+	return true
+}
+
+// drainMovable is the check a drain makes at each agent's moment: move
+// (nil for always) says whether the agent may be sent on. When the
+// device's standby relay would take it, that relay is asked to promote
+// its standby instead, and the agent stays: it retires its tunnel here
+// once promoted, and is asked about again later (sent on then, if the
+// standby relay did not promote).
+func (n *Node) drainMovable(move func(device string) bool) func(device string) bool {
+	return func(device string) bool {
+		if move != nil && !move(device) {
+			return false
+		}
+		return !n.flipToStandby(device)
+	}
+}
+
+// handOverGrace is how long a tunnel handed over to a promoted standby may
+// stay before this relay drains it: its agent retires it at once, and
+// only one that missed its promotion is still there.
+const handOverGrace = 10 * time.Second
+
+// handOver is told that relay to promoted its standby of device: this
+// relay's tunnels of it take no new requests and are left for their
+// agent to retire, its long-poll agents' polls end, and its topics move.
+func (n *Node) handOver(device, to string) {
+	k := n.tunnels.HandOver(device, handOverGrace)
+	n.broker.ForgetDevice(device)
+	n.topics.Moved(device)
+	n.log.Info("device handed over to its standby", logkey.Device, device, logkey.Holder, to, logkey.Tunnels, k)
+	n.member.Changed()
+}
+
+// Standbys counts the standby tunnels this relay keeps, by device.
+func (n *Node) Standbys() map[string]int { return n.tunnels.Standbys() }

@@ -1,0 +1,198 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/mux"
+	"github.com/switchboard-relay/switchboard/internal/service"
+)
+
+// A standby tunnel (ProtocolStandby) is a version 2 session that the
+// relay keeps for a device whose tunnel is on another relay: apart from
+// the tunnels, out of Presence, Ready and every request, until the relay
+// promotes it (Promote), when it joins the device's tunnels and its agent
+// is told on a stream of its own (PromotedMeta). See
+// docs/design/hot-standby.md.
+
+// PromotedMeta prefixes the metadata of the stream a relay opens on a
+// standby tunnel it promotes; the id of the relay the agent should keep
+// its next standby at follows after a space (or nothing, for none). The
+// agent answers the stream with a reset.
+const PromotedMeta = "@promoted"
+
+// ErrPromotionNoted is what an agent's service dialler returns for the
+// promotion's stream: there is no service behind it.
+var ErrPromotionNoted = errors.New("promotion noted")
+
+// Promoted reports whether meta, a stream's metadata, is a promotion, and
+// returns the next standby it names.
+func Promoted(meta string) (next string, ok bool) {
+	rest, ok := strings.CutPrefix(meta, PromotedMeta)
+	if !ok || rest != "" && rest[0] != ' ' {
+		return "", false
+	}
+	next = strings.TrimSpace(rest)
+	if !validHeaderToken(next) {
+		next = ""
+	}
+	return next, true
+}
+
+// promotedSignalTimeout bounds how long the relay waits for the agent's
+// answer to a promotion's stream before closing it.
+const promotedSignalTimeout = 10 * time.Second
+
+// AddStandby starts a version 2 session on an accepted standby tunnel
+// connection and keeps it apart, as a standby for device. It leaves by
+// itself when its connection dies.
+func (p *Pool) AddStandby(conn net.Conn, device, agentID, instance string, services map[string]service.Announced) (*Session, error) {
+	ms := mux.New(conn, mux.Config{
+		RefuseStreams: true, // the agent opens nothing
+		MaxWindow:     MaxWindow,
+		PingAfter:     2 * p.live.Interval,
+		DeadAfter:     2*p.live.Interval + p.live.Timeout/2,
+	})
+	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V2, pool: p, done: make(chan struct{})}
+	s.c = newMuxCarrier(device, ms, services)
+	p.watchers.Go(func() {
+		<-ms.Done()
+		s.c.close()
+		p.dropStandby(s)
+		p.remove(s)
+		close(s.done)
+	})
+	p.mu.Lock()
+	if s.gone {
+		p.mu.Unlock()
+		return nil, errors.New("the standby tunnel closed as it opened")
+	}
+	if p.standby == nil {
+		p.standby = make(map[string][]*Session)
+	}
+	p.standby[device] = append(p.standby[device], s)
+	p.mu.Unlock()
+	p.changed()
+	p.log.Debug("standby tunnel connected", logkey.Device, device, logkey.Instance, instance)
+	return s, nil
+}
+
+// dropStandby takes s out of the standbys, if it is one.
+func (p *Pool) dropStandby(s *Session) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.standby[s.Device]
+	for i, x := range list {
+		if x == s {
+			list = append(list[:i:i], list[i+1:]...)
+			if len(list) == 0 {
+				delete(p.standby, s.Device)
+			} else {
+				p.standby[s.Device] = list
+			}
+			return
+		}
+	}
+}
+
+// Standbys counts the standby tunnels of each device.
+func (p *Pool) Standbys() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.standby))
+	for d, l := range p.standby {
+		out[d] = len(l)
+	}
+	return out
+}
+
+// HasStandby reports whether device has a standby tunnel here.
+func (p *Pool) HasStandby(device string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.standby[device]) > 0
+}
+
+// Promote turns device's standby tunnels into its tunnels here, which take
+// requests at once, and tells each agent on a stream of its own, naming
+// next (a relay id, or "") as its next standby. It returns how many it
+// promoted.
+func (p *Pool) Promote(device, next string) int {
+	p.mu.Lock()
+	list := p.standby[device]
+	delete(p.standby, device)
+	p.mu.Unlock()
+	n := 0
+	for _, s := range list {
+		if _, err := p.join(s); err != nil {
+			continue
+		}
+		n++
+		p.signalPromoted(s, next)
+	}
+	return n
+}
+
+// CloseStandbys closes every standby tunnel: the relay is leaving, and
+// their agents keep their standbys elsewhere.
+func (p *Pool) CloseStandbys() int {
+	p.mu.Lock()
+	var all []*Session
+	for _, l := range p.standby {
+		all = append(all, l...)
+	}
+	p.mu.Unlock()
+	for _, s := range all {
+		s.Close()
+	}
+	return len(all)
+}
+
+// signalPromoted opens the promotion's stream on s, and closes it once the
+// agent has answered it (a reset), or after promotedSignalTimeout.
+func (p *Pool) signalPromoted(s *Session, next string) {
+	mc, ok := s.c.(*muxCarrier)
+	if !ok {
+		return
+	}
+	meta := PromotedMeta
+	if validHeaderToken(next) {
+		meta += " " + next
+	}
+	st, err := mc.ms.Open(context.Background(), []byte(meta))
+	if err != nil {
+		return
+	}
+	if err := st.CloseWrite(); err != nil { // sends the OPEN, with nothing after it
+		st.Close()
+		return
+	}
+	p.watchers.Go(func() {
+		st.SetReadDeadline(time.Now().Add(promotedSignalTimeout))
+		io.Copy(io.Discard, st)
+		st.Close()
+	})
+}
+
+// HandOver stops sending device's tunnels here new requests, letting those
+// in flight finish: the device moved to the relay that promoted its
+// standby, and each agent retires its tunnel here by itself. A tunnel
+// still open after grace is drained as on a move (GOAWAY, then closed).
+// It returns how many it handed over.
+func (p *Pool) HandOver(device string, grace time.Duration) int {
+	return p.eachLive(device, func(s *Session) {
+		s.draining.Store(true)
+		time.AfterFunc(grace, func() {
+			select {
+			case <-s.done:
+			default:
+				s.c.shutdown(context.Background()) // ends when the streams do, or the connection dies
+			}
+		})
+	})
+}
