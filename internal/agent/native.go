@@ -105,7 +105,7 @@ func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) 
 func (a *Agent) dialVersion(ctx context.Context, c candidate, extra http.Header, version int) (net.Conn, tunnel.Placed, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	header := http.Header{wire.InstanceHeader: {a.instance}}
+	header := http.Header{wire.InstanceHeader: {a.instance}, tunnel.PingHeader: {a.pingMs()}}
 	for k, v := range extra {
 		header[k] = v
 	}

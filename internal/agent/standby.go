@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -97,14 +98,17 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 	sb := &standby{dialed: make(chan standbyDial, 1), bo: backoff.New(standbyRetry)}
 	sb.want = a.standbyFor(cur, cur.placed.Standby)
 	defer func() {
+		// The standby is retired, not closed: its relay may have promoted
+		// it as the tunnel beside it ended (a killed holder), and requests
+		// sent on it then finish there.
 		cancel()
 		if sb.dialing {
 			if r := <-sb.dialed; r.run != nil {
-				r.run.wc.Close()
+				r.run.retireNow()
 			}
 		}
 		if sb.run != nil {
-			sb.run.wc.Close()
+			sb.run.retireNow()
 		}
 		if sb.retry != nil {
 			sb.retry.Stop()
@@ -117,7 +121,7 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 			} else {
 				sb.dialing = true
 				holder, id := cur.placed.RelayID, sb.want
-				wg.Go(func() { sb.dialed <- a.dialStandby(sctx, wg, u, holder, id) })
+				wg.Go(func() { sb.dialed <- a.dialStandby(sctx, ctx, wg, u, holder, id) })
 			}
 		}
 		var promoted <-chan string
@@ -206,11 +210,12 @@ func (a *Agent) standbyFor(cur *tunnelRun, id string) string {
 }
 
 // dialStandby opens a standby tunnel to relay id at u for the device held
-// by relay holder, and serves it in a goroutine that wg waits for.
-func (a *Agent) dialStandby(ctx context.Context, wg *sync.WaitGroup, u *url.URL, holder, id string) standbyDial {
-	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+// by relay holder, within dialCtx, and serves it until ctx ends in a
+// goroutine that wg waits for.
+func (a *Agent) dialStandby(dialCtx, ctx context.Context, wg *sync.WaitGroup, u *url.URL, holder, id string) standbyDial {
+	dctx, cancel := context.WithTimeout(dialCtx, 15*time.Second)
 	defer cancel()
-	header := http.Header{wire.InstanceHeader: {a.instance}, tunnel.HolderHeader: {holder}}
+	header := http.Header{wire.InstanceHeader: {a.instance}, tunnel.HolderHeader: {holder}, tunnel.PingHeader: {a.pingMs()}}
 	conn, err := tunnel.Dial(dctx, tunnel.DialConfig{
 		Relay: u, Device: a.cfg.Device, Token: a.cfg.Token,
 		Instance: a.instance, TLS: a.cfg.tlsConfig(),
@@ -236,4 +241,10 @@ func (w *walker) addressOf(id string) *url.URL {
 		}
 	}
 	return nil
+}
+
+// pingMs is the agent's ping interval in milliseconds, as PingHeader
+// announces it.
+func (a *Agent) pingMs() string {
+	return strconv.FormatInt(a.cfg.Liveness.Interval.Milliseconds(), 10)
 }

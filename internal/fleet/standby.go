@@ -55,6 +55,16 @@ func (m *Member) Standby(device, region string, vetoed func(id string) bool) (Ta
 	return m.target(relays[i]), true
 }
 
+// ClaimPromoted records in the directory that this relay holds device,
+// whose standby tunnels here (agents of them) it is about to promote: the
+// move is written before any request goes there, and the old holder is
+// asked to hand the device over. An error means nothing moved, and the
+// standby must stay one.
+func (m *Member) ClaimPromoted(ctx context.Context, device string, agents int) error {
+	_, err := m.attach(ctx, device, Presence{Agents: agents, Protocol: "native"}, true)
+	return err
+}
+
 // AskPromote asks relay standby to promote its standby tunnel of device
 // here, the device's holder. It does not wait; a relay that misses it
 // keeps its standby, and the device's agent moves as a drain moves it.

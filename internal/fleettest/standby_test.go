@@ -295,6 +295,7 @@ func TestDrainFlipsToStandby(t *testing.T) {
 	connects := sb.Node.TunnelConnects()
 
 	reqs := startRequests(t, "robot-1", user, holder, sb)
+	drained := time.Now()
 	if err := holder.Node.Fleet().SetRelayDraining(t.Context(), holder.Node.Fleet().ID(), true); err != nil {
 		t.Fatal(err)
 	}
@@ -307,6 +308,10 @@ func TestDrainFlipsToStandby(t *testing.T) {
 		}
 		return nil
 	})
+	// Well before the hand-over's grace: the agent retired its old tunnel.
+	if took := time.Since(drained); took > 2*time.Second {
+		t.Errorf("the drained relay kept the agent's old tunnel for %v", took)
+	}
 	reqs.check(t)
 	if got := sb.Node.TunnelConnects(); got != connects+1 {
 		t.Fatalf("the standby relay took %d tunnels, want the promoted one alone", got-connects)

@@ -46,6 +46,8 @@ import (
 
 // Node is a running relay node.
 type Node struct {
+	flipsAsked    sync.Map // device → true: a drain asked its standby relay to promote (standby.go)
+	promotions    promoter // runs this relay's promotions of standbys (standby.go)
 	cfg           Config
 	log           *slog.Logger
 	store         *store.Store
@@ -431,6 +433,7 @@ func (n *Node) Close() error {
 
 // closeResources closes what openState and listen opened.
 func (n *Node) closeResources() {
+	n.promotions.close()
 	if n.broker != nil {
 		n.broker.Close()
 	}

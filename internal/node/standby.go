@@ -1,7 +1,9 @@
 package node
 
 import (
+	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/httperr"
@@ -67,7 +69,7 @@ func (n *Node) promoteFrom(id string, after time.Duration) {
 	}
 	for device := range n.tunnels.Standbys() {
 		if e, ok := n.member.Entry(device); ok && e.RelayID == id {
-			n.promote(device, id, "its holder is vetoed", after)
+			n.promotions.run(func() { n.promote(device, id, "its holder is vetoed", after) })
 		}
 	}
 }
@@ -78,14 +80,17 @@ func (n *Node) onPromote(device, from string) {
 	if e, ok := n.member.Entry(device); !ok || e.RelayID != from {
 		return // the device moved meanwhile: the request is stale
 	}
-	n.promote(device, from, "its holder asked", 0)
+	n.promotions.run(func() { n.promote(device, from, "its holder asked", 0) })
 }
 
 // promote turns this relay's standby tunnels of device into its tunnels,
-// unless this relay is leaving; its publisher then records the move, timed
-// from lostFor ago.
+// unless this relay is leaving: it first records the move in the directory
+// (timed from lostFor ago), and promotes nothing when that write fails
+// (NATS away), so that an agent never follows a move the fleet does not
+// know of.
 func (n *Node) promote(device, from, why string, lostFor time.Duration) {
-	if n.draining() || n.stopping.Load() {
+	k := n.tunnels.Standbys()[device]
+	if k == 0 || n.draining() || n.stopping.Load() {
 		return
 	}
 	next := ""
@@ -94,16 +99,68 @@ func (n *Node) promote(device, from, why string, lostFor time.Duration) {
 		next = t.ID
 	}
 	n.member.NoteLost(device, lostFor)
+	ctx, cancel := context.WithTimeout(context.Background(), promoteTimeout)
+	defer cancel()
+	if err := n.member.ClaimPromoted(ctx, device, k); err != nil {
+		n.log.Warn("standby not promoted: the directory could not record the move", logkey.Device, device, logkey.Holder, from, logkey.Err, err)
+		return
+	}
 	if k := n.tunnels.Promote(device, next); k > 0 {
 		n.log.Info("standby promoted", logkey.Device, device, logkey.Holder, from, logkey.Reason, why, logkey.Tunnels, k)
 		n.member.Changed()
 	}
 }
 
+// promoteTimeout bounds a promotion's directory write.
+const promoteTimeout = 2 * time.Second
+
+// promoter runs promotions, promoteParallel at most at once, each in a
+// goroutine that close waits for: a veto of a holder promotes all its
+// devices kept here at once, and a drain asks for thousands.
+type promoter struct {
+	mu     sync.Mutex // guards the fields below, and wg's Add against close's Wait
+	closed bool
+	sem    chan struct{}
+	wg     sync.WaitGroup
+}
+
+// promoteParallel bounds the promotions, each a directory write, in
+// flight at once.
+const promoteParallel = 32
+
+// run runs f in a goroutine of its own, unless the promoter is closed.
+func (p *promoter) run(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	if p.sem == nil {
+		p.sem = make(chan struct{}, promoteParallel)
+	}
+	sem := p.sem
+	p.wg.Go(func() {
+		sem <- struct{}{}
+		defer func() { <-sem }()
+		f()
+	})
+}
+
+// close runs nothing more and waits for what runs.
+func (p *promoter) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
 // flipToStandby asks the relay keeping device's standby to promote it,
 // when that relay would take the device now; it reports whether it asked.
 // A draining relay calls it just before sending the agent on.
 func (n *Node) flipToStandby(device string) bool {
+	if _, asked := n.flipsAsked.LoadAndDelete(device); asked {
+		return false // asked at the agent's last moment, and still here: send it on
+	}
 	e, ok := n.member.Entry(device)
 	if !ok || e.Standby == "" || e.RelayID != n.relayID {
 		return false
@@ -113,6 +170,7 @@ func (n *Node) flipToStandby(device string) bool {
 		return false
 	}
 	n.member.AskPromote(device, e.Standby)
+	n.flipsAsked.Store(device, true)
 	return true
 }
 
@@ -134,7 +192,7 @@ func (n *Node) drainMovable(move func(device string) bool) func(device string) b
 // handOverGrace is how long a tunnel handed over to a promoted standby may
 // stay before this relay drains it: its agent retires it at once, and
 // only one that missed its promotion is still there.
-const handOverGrace = 10 * time.Second
+const handOverGrace = 3 * time.Second
 
 // handOver is told that relay to promoted its standby of device: this
 // relay's tunnels of it take no new requests and are left for their

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -115,7 +116,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.log().Warn("tunnel handshake failed", logkey.Device, device, logkey.Err, err)
 			return
 		}
-		h.add(conn, device, agentID, instance, version, services)
+		h.add(conn, device, agentID, instance, version, services, AgentPing(r))
 	default:
 		textError(w, http.StatusBadRequest, fmt.Sprintf("a tunnel opens with 'Connection: Upgrade' and 'Upgrade: %s', or as a websocket on %s", Protocol, WebSocketPath))
 	}
@@ -139,7 +140,7 @@ func (h *Handler) acceptWebSocket(w http.ResponseWriter, r *http.Request, device
 		return // Accept has answered
 	}
 	conn := websocket.NetConn(context.Background(), c, websocket.MessageBinary)
-	h.add(conn, device, agentID, instance, version, services)
+	h.add(conn, device, agentID, instance, version, services, AgentPing(r))
 }
 
 // acceptStandby takes a standby tunnel: no placement, no redirect; the
@@ -162,7 +163,7 @@ func (h *Handler) acceptStandby(w http.ResponseWriter, r *http.Request, device, 
 		h.log().Warn("standby handshake failed", logkey.Device, device, logkey.Err, err)
 		return
 	}
-	if _, err := h.Pool.AddStandby(conn, device, agentID, instance, services); err != nil {
+	if _, err := h.Pool.AddStandby(conn, device, agentID, instance, services, AgentPing(r)); err != nil {
 		h.log().Info("standby dropped", logkey.Device, device, logkey.Instance, instance, logkey.Err, err)
 	}
 }
@@ -187,11 +188,14 @@ func (h *Handler) services(r *http.Request, version int) (map[string]service.Ann
 	return service.ParseAnnouncement(v)
 }
 
-func (h *Handler) add(conn net.Conn, device, agentID, instance string, version int, services map[string]service.Announced) {
+func (h *Handler) add(conn net.Conn, device, agentID, instance string, version int, services map[string]service.Announced, agentPing time.Duration) {
 	var err error
-	if version == V2 {
+	switch {
+	case version == V2 && agentPing > 0:
+		_, err = h.Pool.AddV2Paced(conn, device, agentID, instance, services, agentPing)
+	case version == V2:
 		_, err = h.Pool.AddV2(conn, device, agentID, instance, services)
-	} else {
+	default:
 		_, err = h.Pool.Add(conn, device, agentID, instance)
 	}
 	if err != nil {

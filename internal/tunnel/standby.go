@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,24 +50,63 @@ func Promoted(meta string) (next string, ok bool) {
 // answer to a promotion's stream before closing it.
 const promotedSignalTimeout = 10 * time.Second
 
-// AddStandby starts a version 2 session on an accepted standby tunnel
-// connection and keeps it apart, as a standby for device. It leaves by
-// itself when its connection dies.
-func (p *Pool) AddStandby(conn net.Conn, device, agentID, instance string, services map[string]service.Announced) (*Session, error) {
+// PingHeader says, in a version 2 (or standby) handshake, after how many
+// milliseconds of silence the agent pings: an agent that leaves detection
+// to the fleet pings seldom, and the relay then pings it no sooner than
+// twice that (AddV2Paced), so that an idle tunnel costs a ping and its
+// answer every agent interval.
+const PingHeader = "X-Switchboard-Ping-Ms"
+
+// maxAgentPing bounds the ping interval a relay takes from an agent.
+const maxAgentPing = 10 * time.Minute
+
+// AgentPing returns the ping interval r's agent announced (PingHeader),
+// or 0 when it announced none or nonsense.
+func AgentPing(r *http.Request) time.Duration {
+	ms, err := strconv.ParseInt(r.Header.Get(PingHeader), 10, 64)
+	if err != nil || ms <= 0 {
+		return 0
+	}
+	return min(time.Duration(ms)*time.Millisecond, maxAgentPing)
+}
+
+// newV2Session starts a version 2 session on conn whose agent pings after
+// agentPing of silence (0: the pool's interval): the relay pings after
+// twice the longer of the two, and gives the agent up half the pool's
+// timeout later. gone runs once the session has ended, before Done closes.
+func (p *Pool) newV2Session(conn net.Conn, device, agentID, instance string, services map[string]service.Announced, agentPing time.Duration, gone func(*Session)) *Session {
+	every := max(p.live.Interval, agentPing)
 	ms := mux.New(conn, mux.Config{
 		RefuseStreams: true, // the agent opens nothing
 		MaxWindow:     MaxWindow,
-		PingAfter:     2 * p.live.Interval,
-		DeadAfter:     2*p.live.Interval + p.live.Timeout/2,
+		PingAfter:     2 * every,
+		DeadAfter:     2*every + p.live.Timeout/2,
 	})
 	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V2, pool: p, done: make(chan struct{})}
 	s.c = newMuxCarrier(device, ms, services)
 	p.watchers.Go(func() {
 		<-ms.Done()
 		s.c.close()
+		gone(s)
+		close(s.done)
+	})
+	return s
+}
+
+// AddV2Paced is AddV2 for an agent that announced it pings after
+// agentPing of silence (PingHeader).
+func (p *Pool) AddV2Paced(conn net.Conn, device, agentID, instance string, services map[string]service.Announced, agentPing time.Duration) (*Session, error) {
+	return p.join(p.newV2Session(conn, device, agentID, instance, services, agentPing, p.remove))
+}
+
+// AddStandby starts a version 2 session on an accepted standby tunnel
+// connection, whose agent pings after agentPing of silence, and keeps it
+// apart, as a standby for device. It leaves by itself when its connection
+// dies.
+func (p *Pool) AddStandby(conn net.Conn, device, agentID, instance string, services map[string]service.Announced, agentPing time.Duration) (*Session, error) {
+	s := p.newV2Session(conn, device, agentID, instance, services, agentPing, func(s *Session) {
 		p.dropStandby(s)
 		p.remove(s)
-		close(s.done)
 	})
 	p.mu.Lock()
 	if s.gone {
@@ -181,18 +222,36 @@ func (p *Pool) signalPromoted(s *Session, next string) {
 
 // HandOver stops sending device's tunnels here new requests, letting those
 // in flight finish: the device moved to the relay that promoted its
-// standby, and each agent retires its tunnel here by itself. A tunnel
-// still open after grace is drained as on a move (GOAWAY, then closed).
-// It returns how many it handed over.
+// standby, and each agent retires its tunnel here by itself once its
+// streams have ended, so the tunnels' idle pooled connections are closed
+// as they turn idle. A tunnel still open after grace is drained as on a
+// move (GOAWAY, then closed). It returns how many it handed over.
 func (p *Pool) HandOver(device string, grace time.Duration) int {
+	until := time.Now().Add(grace)
 	return p.eachLive(device, func(s *Session) {
 		s.draining.Store(true)
-		time.AfterFunc(grace, func() {
-			select {
-			case <-s.done:
-			default:
-				s.c.shutdown(context.Background()) // ends when the streams do, or the connection dies
-			}
-		})
+		handOverTick(s, until)
 	})
+}
+
+// handOverEvery is how often a handed-over tunnel's idle connections are
+// closed.
+const handOverEvery = 50 * time.Millisecond
+
+// handOverTick closes s's idle pooled connections, and again every
+// handOverEvery, until s ends; past until it drains s.
+func handOverTick(s *Session, until time.Time) {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	if time.Now().After(until) {
+		s.c.shutdown(context.Background()) // ends when the streams do, or the connection dies
+		return
+	}
+	if mc, ok := s.c.(*muxCarrier); ok {
+		mc.closeIdle()
+	}
+	time.AfterFunc(handOverEvery, func() { handOverTick(s, until) })
 }
