@@ -55,6 +55,7 @@ func main() {
 	flag.StringVar(&o.natsServer, "nats-server", "", "nats-server binary for the quorum scenario (default: build one from the module)")
 	flag.StringVar(&o.md, "md", "", "also write the results as Markdown to this file")
 	flag.DurationVar(&o.probeEvery, "probe-every", 10*time.Millisecond, "interval of each affected device's probe requests")
+	flag.DurationVar(&o.probeTimeout, "probe-timeout", time.Second, "how long one probe request may take: a probe sent while its forward goes to the frozen holder waits this long, which bounds the freeze's first success from below")
 	flag.DurationVar(&o.gap, "gap", 11*time.Second, "least time between two trials: agents whose relays fail within 10 s of each other back off, by design")
 	flag.DurationVar(&o.natsOutage, "nats-outage", 60*time.Second, "how long NATS is down (nats), or without its quorum (quorum): longer than the relays' fresh window")
 	flag.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "the scenarios to run, comma-separated, of "+strings.Join(allScenarios, ", "))
@@ -83,6 +84,7 @@ type options struct {
 	devices, trials     int
 	bin, natsServer, md string
 	probeEvery, gap     time.Duration
+	probeTimeout        time.Duration
 	natsOutage          time.Duration
 	scenarios           map[string]bool
 }
@@ -293,7 +295,7 @@ const minDown = 3 * time.Second
 // succeeds, and returns how long after start; -1 after 10 s.
 func (b *bench) firstSuccess(ctx context.Context, device string, relays []string, start time.Time) time.Duration {
 	return benchkit.FirstOK(ctx, func(i int) string { return relays[i%len(relays)] + "/client/" + device + "/" },
-		start, 10*time.Second, b.o.probeEvery, time.Second)
+		start, 10*time.Second, b.o.probeEvery, b.o.probeTimeout)
 }
 
 // extras measures the fleet's other promises under load, each scenario

@@ -62,12 +62,12 @@ func (a *Agent) runNative(ctx context.Context) error {
 		bo.Up(time.Now())
 		w.connected(c, placed)
 		a.setState("connected", logkey.Relay, c.url.Redacted(), logkey.RelayID, placed.RelayID, logkey.Protocol, ProtocolNative, logkey.TunnelVersion, version)
-		t := a.hold(ctx, &wg, w, a.serveTunnel(ctx, &wg, c, conn, placed, version, handler))
+		t := a.hold(ctx, &wg, w, a.serveTunnel(ctx, &wg, c, conn, placed, version, handler, true))
 		<-t.done // hold returns once it has ended, or with ctx
 		if ctx.Err() != nil {
 			return nil
 		}
-		silent := t.wc.silent(t.up, a.cfg.Liveness.WithDefaults().Timeout)
+		silent := t.wc.silent(t.up, t.quiet(a.cfg.Liveness))
 		w.lost(silent, t.wc.lastSign(t.up))
 		if silent {
 			// The relay stopped answering: go to the next relay at once.

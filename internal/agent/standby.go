@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/backoff"
@@ -19,7 +20,7 @@ import (
 )
 
 // standbyRetry bounds the back-off between two tries of a standby.
-var standbyRetry = backoff.Policy{First: time.Second, Base: time.Second, Max: 30 * time.Second}
+var standbyRetry = backoff.Policy{First: time.Second, Base: time.Second, Max: 8 * time.Second}
 
 // tunnelRun is one tunnel the agent serves, in a goroutine of its own:
 // its tunnel, or its standby.
@@ -33,23 +34,41 @@ type tunnelRun struct {
 	promoted chan string   // receives the next standby's id when the relay promotes this tunnel
 	retire   chan struct{} // closed to retire the tunnel
 	once     sync.Once
+	alone    atomic.Bool // no standby stands by it: pinged quickly (see watch)
 }
 
 // retireNow retires the tunnel: no new streams, closed when those in
 // flight have ended.
 func (t *tunnelRun) retireNow() { t.once.Do(func() { close(t.retire) }) }
 
-// serveTunnel serves conn in a goroutine that wg waits for.
-func (a *Agent) serveTunnel(ctx context.Context, wg *sync.WaitGroup, c candidate, conn net.Conn, placed tunnel.Placed, version int, handler http.Handler) *tunnelRun {
+// quickLiveness watches a tunnel that no standby stands by.
+var quickLiveness = tunnel.Liveness{}.WithDefaults()
+
+// quiet is how long t's relay must have been silent for its end to count
+// as the relay falling silent.
+func (t *tunnelRun) quiet(l tunnel.Liveness) time.Duration {
+	if t.alone.Load() {
+		return min(l.WithDefaults().Timeout, quickLiveness.Timeout)
+	}
+	return l.WithDefaults().Timeout
+}
+
+// serveTunnel serves conn in a goroutine that wg waits for; alone says
+// whether it starts without a standby beside it (a standby itself has
+// none and needs none).
+func (a *Agent) serveTunnel(ctx context.Context, wg *sync.WaitGroup, c candidate, conn net.Conn, placed tunnel.Placed, version int, handler http.Handler, alone bool) *tunnelRun {
 	t := &tunnelRun{
 		c: c, placed: placed, version: version,
 		wc: &watchedConn{Conn: conn}, up: time.Now(),
 		done: make(chan struct{}), promoted: make(chan string, 1), retire: make(chan struct{}),
 	}
+	t.alone.Store(alone)
 	wg.Go(func() {
 		defer close(t.done)
 		if version == tunnel.V2 {
-			tunnel.ServeStreamsUntil(ctx, t.wc, a.cfg.Liveness, t.dialer(a), t.retire)
+			tunnel.ServeStreamsWith(ctx, t.wc, a.cfg.Liveness, t.dialer(a), tunnel.StreamOptions{
+				Retire: t.retire, Fast: t.alone.Load, Quick: quickLiveness,
+			})
 		} else {
 			tunnel.Serve(ctx, t.wc, handler, a.cfg.Liveness)
 		}
@@ -115,6 +134,9 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 		}
 	}()
 	for {
+		// Without a live standby no relay would move the device: the
+		// tunnel is watched with quick pings until one stands by again.
+		cur.alone.Store(sb.run == nil)
 		if sb.want != "" && sb.run == nil && !sb.dialing && sb.retry == nil {
 			if u := w.addressOf(sb.want); u == nil {
 				sb.want = "" // in no relay list the agent has
@@ -228,7 +250,7 @@ func (a *Agent) dialStandby(dialCtx, ctx context.Context, wg *sync.WaitGroup, u 
 	if placed.RelayID == "" {
 		placed.RelayID = id
 	}
-	return standbyDial{run: a.serveTunnel(ctx, wg, candidate{url: u, id: id}, conn, placed, tunnel.V2, nil)}
+	return standbyDial{run: a.serveTunnel(ctx, wg, candidate{url: u, id: id}, conn, placed, tunnel.V2, nil, false)}
 }
 
 // addressOf returns the URL of relay id from the last relay list.

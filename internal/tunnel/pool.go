@@ -145,6 +145,7 @@ type Pool struct {
 
 	connects atomic.Int64                             // sessions ever added
 	busy     atomic.Int64                             // requests refused with a BusyError
+	promoted atomic.Int64                             // standby tunnels promoted (standby.go)
 	drainFor atomic.Int64                             // while > 0, the window in which new sessions are sent on too
 	movable  atomic.Pointer[func(device string) bool] // DrainSessions' check; see there
 
@@ -621,4 +622,5 @@ func (p *Pool) RegisterMetrics(reg prometheus.Registerer) {
 		Help: "Native agent tunnels connected to this relay.",
 	}, func() float64 { return float64(p.Sessions()) }))
 	p.registerStreamMetrics(reg)
+	p.registerStandbyMetrics(reg)
 }

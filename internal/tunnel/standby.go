@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/service"
@@ -174,6 +176,7 @@ func (p *Pool) Promote(device, next string) int {
 			continue
 		}
 		n++
+		p.promoted.Add(1)
 		p.signalPromoted(s, next)
 	}
 	return n
@@ -254,4 +257,24 @@ func handOverTick(s *Session, until time.Time) {
 		mc.closeIdle()
 	}
 	time.AfterFunc(handOverEvery, func() { handOverTick(s, until) })
+}
+
+// registerStandbyMetrics registers the standby tunnels' metrics with reg.
+func (p *Pool) registerStandbyMetrics(reg prometheus.Registerer) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchboard_tunnel_standby_sessions",
+		Help: "Standby tunnels this relay keeps for devices held by other relays.",
+	}, func() float64 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		n := 0
+		for _, l := range p.standby {
+			n += len(l)
+		}
+		return float64(n)
+	}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "switchboard_tunnel_standby_promotions_total",
+			Help: "Standby tunnels this relay promoted to tunnels: its watchdog vetoed the device's holder, or the holder drained.",
+		}, func() float64 { return float64(p.promoted.Load()) }))
 }

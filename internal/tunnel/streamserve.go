@@ -37,6 +37,25 @@ func ServeStreams(ctx context.Context, conn net.Conn, l Liveness, dial DialServi
 // the relay falls silent. An agent retires its old tunnel so when the
 // fleet promoted its standby.
 func ServeStreamsUntil(ctx context.Context, conn net.Conn, l Liveness, dial DialService, retire <-chan struct{}) {
+	ServeStreamsWith(ctx, conn, l, dial, StreamOptions{Retire: retire})
+}
+
+// StreamOptions are ServeStreamsWith's options beyond ServeStreams'.
+type StreamOptions struct {
+	// Retire, when closed, retires the tunnel (see ServeStreamsUntil).
+	Retire <-chan struct{}
+	// Fast, when set, is asked every Quick.Interval whether the tunnel
+	// should be watched as Quick says rather than as the Liveness given:
+	// while it says yes, the agent pings every Quick.Interval and gives the
+	// relay up when an answer takes over Quick.Timeout. An agent whose
+	// standby tunnel is down watches its tunnel so, since no relay would
+	// move its device meanwhile.
+	Fast  func() bool
+	Quick Liveness
+}
+
+// ServeStreamsWith is ServeStreams with o.
+func ServeStreamsWith(ctx context.Context, conn net.Conn, l Liveness, dial DialService, o StreamOptions) {
 	l = l.WithDefaults()
 	ms := mux.New(conn, mux.Config{Client: true, MaxWindow: MaxWindow, PingAfter: l.Interval, DeadAfter: l.Interval + l.Timeout})
 	stop := context.AfterFunc(ctx, func() { ms.Close() })
@@ -44,8 +63,11 @@ func ServeStreamsUntil(ctx context.Context, conn net.Conn, l Liveness, dial Dial
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer ms.Close()
-	if retire != nil {
-		wg.Go(func() { retireWhen(ms, retire) })
+	if o.Retire != nil {
+		wg.Go(func() { retireWhen(ms, o.Retire) })
+	}
+	if o.Fast != nil {
+		wg.Go(func() { pingWhile(ms, o.Fast, o.Quick.WithDefaults()) })
 	}
 	for {
 		st, err := ms.Accept()
@@ -75,6 +97,30 @@ func retireWhen(ms *mux.Session, retire <-chan struct{}) {
 		}
 	}
 	ms.Close()
+}
+
+// pingWhile pings ms every q.Interval while fast says so, and closes it
+// when an answer takes over q.Timeout. It returns when ms has ended.
+func pingWhile(ms *mux.Session, fast func() bool, q Liveness) {
+	tick := time.NewTicker(q.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ms.Done():
+			return
+		case <-tick.C:
+		}
+		if !fast() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), q.Timeout)
+		_, err := ms.Ping(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			ms.Close() // the relay fell silent
+			return
+		}
+	}
 }
 
 // serveStream dials the service st names and joins the two.

@@ -81,3 +81,52 @@ func TestPacedSessionCostsOnePingPerAgentInterval(t *testing.T) {
 		}
 	})
 }
+
+// TestAloneTunnelIsWatchedQuickly: an agent that pings every 10 s but has
+// no standby beside its tunnel (Fast says so) still gives a frozen relay up
+// within the quick interval and timeout; with a standby beside it, it
+// waits its own 15 s.
+func TestAloneTunnelIsWatchedQuickly(t *testing.T) {
+	if os.Getenv(childEnv) == "" {
+		runInChild(t)
+		return
+	}
+	synctest.Test(t, func(t *testing.T) {
+		slow := tunnel.Liveness{Interval: 10 * time.Second, Timeout: 5 * time.Second}
+		quick := tunnel.Liveness{}.WithDefaults()
+		for _, alone := range []bool{true, false} {
+			ctx, cancel := context.WithCancel(context.Background())
+			relayEnd, agentEnd := net.Pipe()
+			rf, af := newFreezable(relayEnd), newFreezable(agentEnd)
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				tunnel.ServeStreamsWith(ctx, af, slow, func(context.Context, string) (net.Conn, error) { return nil, service.ErrUnknown },
+					tunnel.StreamOptions{Fast: func() bool { return alone }, Quick: quick})
+			}()
+			pool := tunnel.NewPool(quick, nil)
+			if _, err := pool.AddV2Paced(rf, "dev", "", "inst", map[string]service.Announced{service.Default: {Name: service.Default, Kind: service.HTTP}}, slow.Interval); err != nil {
+				t.Fatal(err)
+			}
+			rf.freeze()
+			go drain(af.Conn)
+			start := time.Now()
+			<-served
+			took := time.Since(start)
+			t.Logf("alone %v: a frozen relay given up after %v (virtual time)", alone, took)
+			limit := slow.Interval + slow.Timeout
+			if alone {
+				limit = quick.Interval + quick.Timeout
+			}
+			if took > limit {
+				t.Errorf("alone %v: a frozen relay was given up after %v, want ≤ %v", alone, took, limit)
+			}
+			if !alone && took < slow.Interval {
+				t.Errorf("with a standby the agent gave the relay up after %v, before its own interval", took)
+			}
+			cancel()
+			rf.Close()
+			pool.Close()
+		}
+	})
+}
