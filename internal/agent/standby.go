@@ -30,9 +30,10 @@ type tunnelRun struct {
 	version  int
 	wc       *watchedConn
 	up       time.Time
-	done     chan struct{} // closed when serving returned
-	promoted chan string   // receives the next standby's id when the relay promotes this tunnel
-	retire   chan struct{} // closed to retire the tunnel
+	done     chan struct{}         // closed when serving returned
+	promoted chan string           // receives the next standby's id when the relay promotes this tunnel
+	suggest  chan tunnel.RelayAddr // receives a relay to keep a standby at, named by this tunnel's relay
+	retire   chan struct{}         // closed to retire the tunnel
 	once     sync.Once
 	alone    atomic.Bool // no standby stands by it: pinged quickly (see watch)
 }
@@ -60,7 +61,7 @@ func (a *Agent) serveTunnel(ctx context.Context, wg *sync.WaitGroup, c candidate
 	t := &tunnelRun{
 		c: c, placed: placed, version: version,
 		wc: &watchedConn{Conn: conn}, up: time.Now(),
-		done: make(chan struct{}), promoted: make(chan string, 1), retire: make(chan struct{}),
+		done: make(chan struct{}), promoted: make(chan string, 1), suggest: make(chan tunnel.RelayAddr, 1), retire: make(chan struct{}),
 	}
 	t.alone.Store(alone)
 	wg.Go(func() {
@@ -87,6 +88,13 @@ func (t *tunnelRun) dialer(a *Agent) tunnel.DialService {
 			}
 			return nil, fmt.Errorf("%w: %w", tunnel.ErrPromotionNoted, service.ErrUnknown)
 		}
+		if r, ok := tunnel.Suggested(name); ok {
+			select {
+			case t.suggest <- r:
+			default:
+			}
+			return nil, fmt.Errorf("standby suggestion noted: %w", service.ErrUnknown)
+		}
 		return a.dialStream(ctx, name)
 	}
 }
@@ -95,6 +103,7 @@ func (t *tunnelRun) dialer(a *Agent) tunnel.DialService {
 // of the next one: owned by hold's loop.
 type standby struct {
 	want    string     // the id of the relay to keep it at; "" for none
+	wantURL *url.URL   // want's address when the holder named it later, else nil
 	run     *tunnelRun // the standby tunnel, or nil
 	dialing bool       // a dial is under way; its result comes on dialed
 	dialed  chan standbyDial
@@ -138,8 +147,12 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 		// tunnel is watched with quick pings until one stands by again.
 		cur.alone.Store(sb.run == nil)
 		if sb.want != "" && sb.run == nil && !sb.dialing && sb.retry == nil {
-			if u := w.addressOf(sb.want); u == nil {
-				sb.want = "" // in no relay list the agent has
+			u := w.addressOf(sb.want)
+			if u == nil && sb.wantURL != nil {
+				u = sb.wantURL // a relay its holder named later, in no list the agent has
+			}
+			if u == nil {
+				sb.want = "" // in no relay list the agent has: its holder may name one later
 			} else {
 				sb.dialing = true
 				holder, id := cur.placed.RelayID, sb.want
@@ -166,6 +179,18 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 			cur = a.adopt(w, cur, sb, next)
 		case next := <-promoted:
 			cur = a.adopt(w, cur, sb, next)
+		case r := <-cur.suggest:
+			// The holder names a standby when the directory records none:
+			// one standing by, or being dialled, is on its way there, but
+			// one refused or failing gives way to the holder's choice.
+			if sb.run == nil && !sb.dialing {
+				sb.want = a.standbyFor(cur, r.ID)
+				sb.wantURL, _ = url.Parse(r.URL)
+				if sb.retry != nil {
+					sb.retry.Stop()
+					sb.retry = nil
+				}
+			}
 		case <-sbDone:
 			sb.run = nil
 			sb.retry = time.NewTimer(sb.bo.Next(time.Now()))
@@ -177,7 +202,7 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 				sb.bo.Up(time.Now())
 			case errors.Is(r.err, tunnel.ErrNotSupported), errors.Is(r.err, tunnel.ErrRefused):
 				a.cfg.Logger.Debug("no standby tunnel", logkey.Device, a.cfg.Device, logkey.RelayID, sb.want, logkey.Err, r.err)
-				sb.want = ""
+				sb.want, sb.wantURL = "", nil
 			default:
 				a.cfg.Logger.Debug("standby tunnel failed", logkey.Device, a.cfg.Device, logkey.RelayID, sb.want, logkey.Err, r.err)
 				sb.retry = time.NewTimer(sb.bo.Next(time.Now()))
@@ -213,7 +238,7 @@ func (a *Agent) adopt(w *walker, old *tunnelRun, sb *standby, next string) *tunn
 	w.connected(cur.c, cur.placed)
 	a.cfg.Logger.Info("agent moved to its standby tunnel", logkey.Device, a.cfg.Device, logkey.RelayID, cur.placed.RelayID, logkey.Holder, old.placed.RelayID)
 	a.setState("connected", logkey.Relay, cur.c.url.Redacted(), logkey.RelayID, cur.placed.RelayID, logkey.Protocol, ProtocolNative, logkey.TunnelVersion, cur.version)
-	sb.want = a.standbyFor(cur, next)
+	sb.want, sb.wantURL = a.standbyFor(cur, next), nil
 	if sb.retry != nil {
 		sb.retry.Stop()
 		sb.retry = nil

@@ -52,3 +52,29 @@ func TestPromotedMeta(t *testing.T) {
 		}
 	}
 }
+
+func TestSuggestedMeta(t *testing.T) {
+	for _, tc := range []struct {
+		meta string
+		want tunnel.RelayAddr
+		ok   bool
+	}{
+		{"@standby rl-0011aabb=https://relay-2.example:8443", tunnel.RelayAddr{ID: "rl-0011aabb", URL: "https://relay-2.example:8443"}, true},
+		{"@standby rl-1=http://10.0.0.2:8080", tunnel.RelayAddr{ID: "rl-1", URL: "http://10.0.0.2:8080"}, true},
+		{"@standby rl-1=https://a,rl-2=https://b", tunnel.RelayAddr{}, false}, // one relay, not a list
+		{"@standby rl-1=ftp://a", tunnel.RelayAddr{}, false},
+		{"@standby rl-1=https://", tunnel.RelayAddr{}, false},
+		{"@standby =https://a", tunnel.RelayAddr{}, false},
+		{"@standby rl-1", tunnel.RelayAddr{}, false},
+		{"@standby", tunnel.RelayAddr{}, false},
+		{"@standbyrl-1=https://a", tunnel.RelayAddr{}, false},
+		{"@promoted rl-1", tunnel.RelayAddr{}, false},
+		{"http", tunnel.RelayAddr{}, false},
+		{"", tunnel.RelayAddr{}, false},
+	} {
+		got, ok := tunnel.Suggested(tc.meta)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("Suggested(%q) = %+v, %v; want %+v, %v", tc.meta, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -365,3 +365,94 @@ func TestPartitionedHolderStopsServing(t *testing.T) {
 	}
 	reqs.check(t)
 }
+
+// TestStandbyNamedLater: an agent that connected while no other relay
+// could keep its standby (the only other one drained) gets one named by
+// its holder once that relay is back, and opens it there.
+func TestStandbyNamedLater(t *testing.T) {
+	relays, _ := standbyFleet(t, 2, nil)
+	holder, later := relays[0], relays[1]
+	device := deviceHeldBy(t, relays, holder)
+	if err := holder.Node.Fleet().SetRelayDraining(t.Context(), later.Node.Fleet().ID(), true); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 5*time.Second, func() error {
+		if _, ok := holder.Node.Fleet().Standby(device, "", nil); ok {
+			return errors.New("the drained relay is still a standby candidate")
+		}
+		return nil
+	})
+	backend := newBackend(t, "b")
+	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
+	StartAgent(t, holder, device, backend.URL, agentTok)
+	holder.WaitDevice(t, device)
+	if n := later.Node.Standbys()[device]; n != 0 {
+		t.Fatalf("a draining relay keeps %d standbys", n)
+	}
+	undrained := time.Now()
+	if err := holder.Node.Fleet().SetRelayDraining(t.Context(), later.Node.Fleet().ID(), false); err != nil {
+		t.Fatal(err)
+	}
+	standbyOf(t, holder, later, device)
+	t.Logf("the standby stood by %v after the relay was undrained", time.Since(undrained).Round(time.Millisecond))
+}
+
+// TestDrainFlipsAllAtOnce drains a relay holding several devices with a
+// long spread: every device with a standby moves by its standby's
+// promotion as the drain begins, not at its agent's moment of the
+// spread, and no agent reconnects.
+func TestDrainFlipsAllAtOnce(t *testing.T) {
+	relays, _ := standbyFleet(t, 2, func(_ int, c *node.Config) { c.DrainSpread = 20 * time.Second })
+	holder, sb := relays[0], relays[1]
+	HolderFor(t, relays, "robot-0") // every relay sees the other fresh
+	var devices []string
+	for i := 0; i < 64 && len(devices) < 6; i++ {
+		name := fmt.Sprintf("robot-%d", i)
+		if h, _ := HolderFor(t, relays, name); h == holder {
+			devices = append(devices, name)
+		}
+	}
+	backend := newBackend(t, "b")
+	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
+	logs := &testkit.Buffer{}
+	for _, d := range devices {
+		StartAgent(t, holder, d, backend.URL, agentTok, func(c *agent.Config) {
+			c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		})
+	}
+	for _, d := range devices {
+		holder.WaitDevice(t, d)
+		standbyOf(t, holder, sb, d)
+	}
+	connects := sb.Node.TunnelConnects()
+
+	drained := time.Now()
+	if err := holder.Node.Fleet().SetRelayDraining(t.Context(), holder.Node.Fleet().ID(), true); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 8*time.Second, func() error {
+		for _, d := range devices {
+			if e, _ := holder.Node.Fleet().Entry(d); e.RelayID != sb.Node.Fleet().ID() {
+				return fmt.Errorf("the directory records %+v", e)
+			}
+		}
+		if n := holder.Node.TunnelSessions(); n != 0 {
+			return fmt.Errorf("the drained relay keeps %d tunnels", n)
+		}
+		return nil
+	})
+	took := time.Since(drained)
+	t.Logf("%d devices moved in %v of a %v spread", len(devices), took.Round(time.Millisecond), 20*time.Second)
+	if took > 4*time.Second {
+		t.Errorf("the devices took %v to move: the drain spread them", took)
+	}
+	if got := sb.Node.TunnelConnects(); got != connects+int64(len(devices)) {
+		t.Fatalf("the standby relay took %d tunnels, want the %d promoted ones alone", got-connects, len(devices))
+	}
+	if n := logs.Count("agent disconnected"); n != 0 {
+		t.Fatalf("an agent reconnected (%d disconnections):\n%s", n, logs)
+	}
+	if n := logs.Count("agent moved to its standby tunnel"); n != len(devices) {
+		t.Fatalf("the agents learnt of %d promotions, want %d:\n%s", n, len(devices), logs)
+	}
+}

@@ -178,9 +178,11 @@ func (n *Node) cancelDevice(device, reason string, moved bool) {
 func (n *Node) onShouldDrain(draining bool) {
 	if !draining {
 		n.tunnels.StopDraining()
+		n.forgetFlips()
 		return
 	}
 	n.tunnels.CloseStandbys()
+	flipped := n.flipAll()
 	k := n.tunnels.DrainSessions(n.cfg.DrainSpread, n.drainMovable(n.movable))
-	n.log.Info("moving this relay's native agents to other relays", logkey.Tunnels, k, logkey.Spread, n.cfg.DrainSpread)
+	n.log.Info("moving this relay's native agents to other relays", logkey.Tunnels, k, logkey.Spread, n.cfg.DrainSpread, logkey.Standbys, flipped)
 }

@@ -46,7 +46,7 @@ import (
 
 // Node is a running relay node.
 type Node struct {
-	flipsAsked    sync.Map // device → true: a drain asked its standby relay to promote (standby.go)
+	flipsAsked    sync.Map // device → time.Time: when a drain asked its standby relay to promote (standby.go)
 	promotions    promoter // runs this relay's promotions of standbys (standby.go)
 	cfg           Config
 	log           *slog.Logger
@@ -381,6 +381,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		spread = min(spread, time.Until(d)/3)
 	}
 	n.tunnels.CloseStandbys()
+	n.flipAll()
 	agents := n.tunnels.DrainSessions(spread, n.drainMovable(nil)) // the relay goes away whoever takes its agents
 	n.log.Info("relay draining", logkey.Timeout, n.cfg.DrainTimeout, logkey.NativeAgents, agents, logkey.Spread, spread)
 	n.broker.Drain()

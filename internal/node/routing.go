@@ -80,6 +80,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(context.Background())
 	n.stopWatchdog = cancel
 	n.wg.Go(func() { n.watchdog.Run(wctx) })
+	n.wg.Go(func() { n.suggestLoop(wctx) }) // standbys for agents that connected without one
 
 	fr := router.NewFleet(n.peerTLS)
 	fr.Local = &router.Local{Native: n.tunnels, LongPoll: n.broker}

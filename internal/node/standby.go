@@ -156,11 +156,7 @@ func (p *promoter) close() {
 
 // flipToStandby asks the relay keeping device's standby to promote it,
 // when that relay would take the device now; it reports whether it asked.
-// A draining relay calls it just before sending the agent on.
 func (n *Node) flipToStandby(device string) bool {
-	if _, asked := n.flipsAsked.LoadAndDelete(device); asked {
-		return false // asked at the agent's last moment, and still here: send it on
-	}
 	e, ok := n.member.Entry(device)
 	if !ok || e.Standby == "" || e.RelayID != n.relayID {
 		return false
@@ -170,23 +166,63 @@ func (n *Node) flipToStandby(device string) bool {
 		return false
 	}
 	n.member.AskPromote(device, e.Standby)
-	n.flipsAsked.Store(device, true)
+	n.flipsAsked.Store(device, time.Now())
 	return true
 }
 
+// flipWait is how long a drain leaves an agent whose standby relay it
+// asked to promote before it sends the agent on: the promotion is one
+// directory write at that relay, and a drain asks for all its devices at
+// once.
+const flipWait = 2 * time.Second
+
+// flipAll asks, as a drain begins, the standby relay of every device held
+// here to promote its standby, all at once rather than spread over the
+// drain: a promotion costs that relay a directory write, not a reconnect.
+// The agents whose standby does not take them are sent on by the spread
+// drain as before. It returns how many it asked.
+func (n *Node) flipAll() int {
+	if n.member == nil {
+		return 0
+	}
+	k := 0
+	for _, device := range n.tunnels.Devices() {
+		if n.flipToStandby(device) {
+			k++
+		}
+	}
+	return k
+}
+
 // drainMovable is the check a drain makes at each agent's moment: move
-// (nil for always) says whether the agent may be sent on. When the
-// device's standby relay would take it, that relay is asked to promote
-// its standby instead, and the agent stays: it retires its tunnel here
-// once promoted, and is asked about again later (sent on then, if the
-// standby relay did not promote).
+// (nil for always) says whether the agent may be sent on. An agent whose
+// standby relay was asked to promote less than flipWait ago stays: it
+// retires its tunnel here once promoted, and is asked about again later
+// (sent on then, if the standby relay did not promote). One whose standby
+// relay was not asked yet (its standby came during the drain) is asked
+// now, and stays likewise.
 func (n *Node) drainMovable(move func(device string) bool) func(device string) bool {
 	return func(device string) bool {
 		if move != nil && !move(device) {
 			return false
 		}
+		if v, asked := n.flipsAsked.Load(device); asked {
+			if time.Since(v.(time.Time)) < flipWait {
+				return false
+			}
+			n.flipsAsked.Delete(device)
+			return true // asked, and still here: send it on
+		}
 		return !n.flipToStandby(device)
 	}
+}
+
+// forgetFlips forgets the drain's promotion requests: the drain ended.
+func (n *Node) forgetFlips() {
+	n.flipsAsked.Range(func(k, _ any) bool {
+		n.flipsAsked.Delete(k)
+		return true
+	})
 }
 
 // handOverGrace is how long a tunnel handed over to a promoted standby may
@@ -198,6 +234,7 @@ const handOverGrace = 3 * time.Second
 // relay's tunnels of it take no new requests and are left for their
 // agent to retire, its long-poll agents' polls end, and its topics move.
 func (n *Node) handOver(device, to string) {
+	n.flipsAsked.Delete(device)
 	k := n.tunnels.HandOver(device, handOverGrace)
 	n.broker.ForgetDevice(device)
 	n.topics.Moved(device)
@@ -207,3 +244,75 @@ func (n *Node) handOver(device, to string) {
 
 // Standbys counts the standby tunnels this relay keeps, by device.
 func (n *Node) Standbys() map[string]int { return n.tunnels.Standbys() }
+
+// suggestEvery is how often a relay looks for devices it holds whose
+// agents keep no standby: it names one to a device's agents when two
+// rounds in a row found none recorded (an agent just connected is still
+// dialling the standby its answer named), and waits suggestAgain before
+// naming one to the same device's agents again.
+const (
+	suggestEvery = 2 * time.Second
+	suggestAgain = time.Minute
+)
+
+// suggester is suggestLoop's memory of the devices held here without a
+// standby.
+type suggester struct {
+	missing map[string]bool      // devices the last round found without a standby
+	told    map[string]time.Time // device → when its agents were last named one
+}
+
+// suggestLoop names a standby relay, every suggestEvery, to the agents of
+// devices held here that the directory has recorded with none for a round
+// (a relay became available after they connected, or the standby they
+// were named went), until ctx ends.
+func (n *Node) suggestLoop(ctx context.Context) {
+	sg := &suggester{missing: map[string]bool{}, told: map[string]time.Time{}}
+	t := time.NewTicker(suggestEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.suggestStandbys(sg, time.Now())
+	}
+}
+
+// suggestStandbys is one round of suggestLoop; it returns how many
+// devices' agents it named a standby to.
+func (n *Node) suggestStandbys(sg *suggester, now time.Time) int {
+	if n.member == nil || n.cfg.NoStandby || n.cfg.TunnelV1Only || n.draining() || n.stopping.Load() {
+		clear(sg.missing)
+		return 0
+	}
+	for d, at := range sg.told {
+		if now.Sub(at) > suggestAgain {
+			delete(sg.told, d)
+		}
+	}
+	missing := make(map[string]bool, len(sg.missing))
+	k := 0
+	for _, device := range n.tunnels.Devices() {
+		e, ok := n.member.Entry(device)
+		if !ok || e.RelayID != n.relayID || e.Standby != "" {
+			continue
+		}
+		missing[device] = true
+		if !sg.missing[device] {
+			continue // the first round without one
+		}
+		if _, recent := sg.told[device]; recent {
+			continue
+		}
+		if t, ok := n.member.Standby(device, n.cfg.Region, n.placeVetoed); ok && !t.Self {
+			if n.tunnels.SuggestStandby(device, tunnel.RelayAddr{ID: t.ID, URL: t.Address}) > 0 {
+				k++
+			}
+			sg.told[device] = now
+		}
+	}
+	sg.missing = missing
+	return k
+}

@@ -60,6 +60,7 @@ type Session struct {
 	c        carrier
 	inflight atomic.Int64
 	draining atomic.Bool // asked to finish its streams and go (GOAWAY)
+	paced    bool        // its agent announced its ping interval (PingHeader), so knows hot standby
 	pool     *Pool
 	done     chan struct{} // closed when the connection has died
 	gone     bool          // taken out of the pool; guarded by pool.mu

@@ -30,6 +30,27 @@ import (
 // agent answers the stream with a reset.
 const PromotedMeta = "@promoted"
 
+// SuggestMeta prefixes the metadata of the stream a holder opens on a
+// tunnel whose agent keeps no standby, to name the relay it may keep one
+// at now, as "<id>=<url>" after a space: a relay that became available
+// after the agent connected, and so is in no list the agent has. The
+// agent answers the stream with a reset.
+const SuggestMeta = "@standby"
+
+// Suggested reports whether meta, a stream's metadata, suggests a
+// standby, and returns the relay it names.
+func Suggested(meta string) (RelayAddr, bool) {
+	rest, ok := strings.CutPrefix(meta, SuggestMeta+" ")
+	if !ok {
+		return RelayAddr{}, false
+	}
+	rs := ParseRelays(rest)
+	if len(rs) != 1 || !validHeaderToken(rs[0].ID) {
+		return RelayAddr{}, false
+	}
+	return rs[0], true
+}
+
 // ErrPromotionNoted is what an agent's service dialler returns for the
 // promotion's stream: there is no service behind it.
 var ErrPromotionNoted = errors.New("promotion noted")
@@ -84,7 +105,7 @@ func (p *Pool) newV2Session(conn net.Conn, device, agentID, instance string, ser
 		PingAfter:     2 * every,
 		DeadAfter:     2*every + p.live.Timeout/2,
 	})
-	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V2, pool: p, done: make(chan struct{})}
+	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V2, paced: agentPing > 0, pool: p, done: make(chan struct{})}
 	s.c = newMuxCarrier(device, ms, services)
 	p.watchers.Go(func() {
 		<-ms.Done()
@@ -197,30 +218,65 @@ func (p *Pool) CloseStandbys() int {
 	return len(all)
 }
 
-// signalPromoted opens the promotion's stream on s, and closes it once the
-// agent has answered it (a reset), or after promotedSignalTimeout.
-func (p *Pool) signalPromoted(s *Session, next string) {
-	mc, ok := s.c.(*muxCarrier)
-	if !ok {
-		return
+// SuggestStandby names relay r to the agents of device's version 2
+// tunnels here that know hot standby (they announced their ping interval)
+// as the relay to keep a standby at; it returns how many it told. Agents
+// from before hot standby are not asked: they would take the stream for
+// a service.
+func (p *Pool) SuggestStandby(device string, r RelayAddr) int {
+	item := FormatRelays([]RelayAddr{r})
+	if !validHeaderToken(r.ID) || item == "" {
+		return 0
 	}
+	meta := SuggestMeta + " " + item
+	p.mu.Lock()
+	var list []*Session
+	for _, s := range p.devices[device] {
+		if s.paced && !s.draining.Load() {
+			list = append(list, s)
+		}
+	}
+	p.mu.Unlock()
+	n := 0
+	for _, s := range list {
+		if p.signal(s, meta) {
+			n++
+		}
+	}
+	return n
+}
+
+// signalPromoted opens the promotion's stream on s.
+func (p *Pool) signalPromoted(s *Session, next string) {
 	meta := PromotedMeta
 	if validHeaderToken(next) {
 		meta += " " + next
 	}
+	p.signal(s, meta)
+}
+
+// signal opens a stream with meta on s, a version 2 session, and closes it
+// once the agent has answered it (a reset), or after
+// promotedSignalTimeout; it reports whether the stream went out.
+func (p *Pool) signal(s *Session, meta string) bool {
+	mc, ok := s.c.(*muxCarrier)
+	if !ok {
+		return false
+	}
 	st, err := mc.ms.Open(context.Background(), []byte(meta))
 	if err != nil {
-		return
+		return false
 	}
 	if err := st.CloseWrite(); err != nil { // sends the OPEN, with nothing after it
 		st.Close()
-		return
+		return false
 	}
 	p.watchers.Go(func() {
 		st.SetReadDeadline(time.Now().Add(promotedSignalTimeout))
 		io.Copy(io.Discard, st)
 		st.Close()
 	})
+	return true
 }
 
 // HandOver stops sending device's tunnels here new requests, letting those
