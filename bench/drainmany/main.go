@@ -45,6 +45,7 @@ func main() {
 	ping := flag.Duration("ping", 400*time.Millisecond, "the tunnels' ping interval (relays and agents)")
 	pingTimeout := flag.Duration("ping-timeout", 800*time.Millisecond, "the tunnels' ping timeout (relays and agents)")
 	flag.StringVar(&profileDir, "profile-dir", "", "write 5 s CPU profiles of both relays, taken as the drain begins, to this directory")
+	flag.DurationVar(&standbyWait, "standby-wait", 30*time.Second, "wait up to this long, before the drain, for every agent's standby tunnel at the other relay (0: do not wait)")
 	flag.Parse()
 	live = tunnel.Liveness{Interval: *ping, Timeout: *pingTimeout}
 	if err := run(*n, *workers, *bin, *spread, *md); err != nil {
@@ -54,6 +55,9 @@ func main() {
 
 // profileDir, when set, receives the relays' CPU profiles of the drain.
 var profileDir string
+
+// standbyWait is -standby-wait.
+var standbyWait time.Duration
 
 // live is the tunnels' liveness, the same for the relays and the agents.
 var live tunnel.Liveness
@@ -169,6 +173,19 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		<-time.After(500 * time.Millisecond)
 		fmt.Fprintf(os.Stderr, "before the drain: tunnels %v on the first relay, %v on the other; %d failed requests\n",
 			benchkit.Gauge(metrics[0], "switchboard_tunnel_sessions"), benchkit.Gauge(metrics[1], "switchboard_tunnel_sessions"), failed.Load())
+	}
+	if standbyWait > 0 {
+		// Agents that keep standbys open them at the other relay once it
+		// is undrained: wait for them, so that the drain promotes them.
+		start := time.Now()
+		err := benchkit.Poll(ctx, standbyWait, 200*time.Millisecond, func() error {
+			if k := benchkit.Gauge(metrics[1], "switchboard_tunnel_standby_sessions"); k < float64(n) {
+				return fmt.Errorf("%v of %d standby tunnels on the other relay", k, n)
+			}
+			return nil
+		})
+		fmt.Fprintf(os.Stderr, "standbys on the other relay: %v of %d after %v (%v)\n",
+			benchkit.Gauge(metrics[1], "switchboard_tunnel_standby_sessions"), n, time.Since(start).Round(time.Millisecond), err)
 	}
 	if profileDir != "" {
 		for i, r := range relays {
