@@ -403,25 +403,39 @@ func TestStandbyNamedLater(t *testing.T) {
 // spread, and no agent reconnects.
 func TestDrainFlipsAllAtOnce(t *testing.T) {
 	relays, _ := standbyFleet(t, 2, func(_ int, c *node.Config) { c.DrainSpread = 20 * time.Second })
-	holder, sb := relays[0], relays[1]
 	HolderFor(t, relays, "robot-0") // every relay sees the other fresh
-	var devices []string
-	for i := 0; i < 64 && len(devices) < 6; i++ {
-		name := fmt.Sprintf("robot-%d", i)
-		if h, _ := HolderFor(t, relays, name); h == holder {
-			devices = append(devices, name)
-		}
-	}
 	backend := newBackend(t, "b")
 	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
 	logs := &testkit.Buffer{}
-	for _, d := range devices {
-		StartAgent(t, holder, d, backend.URL, agentTok, func(c *agent.Config) {
+	var devices []string
+	for i := range 8 {
+		d := fmt.Sprintf("robot-%d", i)
+		devices = append(devices, d)
+		StartAgent(t, relays[i%2], d, backend.URL, agentTok, func(c *agent.Config) {
 			c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		})
 	}
-	for _, d := range devices {
-		holder.WaitDevice(t, d)
+	// Placement spreads the devices over both relays: drain the one
+	// holding the most, once each device has its standby at the other.
+	var holder, sb *Relay
+	var held []string
+	Eventually(t, 10*time.Second, func() error {
+		byRelay := map[string][]string{}
+		for _, d := range devices {
+			e, ok := relays[0].Node.Fleet().Entry(d)
+			if !ok || e.Agents == 0 || e.Standby == "" {
+				return fmt.Errorf("the directory records %+v for %s", e, d)
+			}
+			byRelay[e.RelayID] = append(byRelay[e.RelayID], d)
+		}
+		holder, sb = relays[0], relays[1]
+		if len(byRelay[sb.Node.Fleet().ID()]) > len(byRelay[holder.Node.Fleet().ID()]) {
+			holder, sb = sb, holder
+		}
+		held = byRelay[holder.Node.Fleet().ID()]
+		return nil
+	})
+	for _, d := range held {
 		standbyOf(t, holder, sb, d)
 	}
 	connects := sb.Node.TunnelConnects()
@@ -431,7 +445,7 @@ func TestDrainFlipsAllAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	Eventually(t, 8*time.Second, func() error {
-		for _, d := range devices {
+		for _, d := range held {
 			if e, _ := holder.Node.Fleet().Entry(d); e.RelayID != sb.Node.Fleet().ID() {
 				return fmt.Errorf("the directory records %+v", e)
 			}
@@ -442,17 +456,17 @@ func TestDrainFlipsAllAtOnce(t *testing.T) {
 		return nil
 	})
 	took := time.Since(drained)
-	t.Logf("%d devices moved in %v of a %v spread", len(devices), took.Round(time.Millisecond), 20*time.Second)
+	t.Logf("%d devices moved in %v of a %v spread", len(held), took.Round(time.Millisecond), 20*time.Second)
 	if took > 4*time.Second {
 		t.Errorf("the devices took %v to move: the drain spread them", took)
 	}
-	if got := sb.Node.TunnelConnects(); got != connects+int64(len(devices)) {
-		t.Fatalf("the standby relay took %d tunnels, want the %d promoted ones alone", got-connects, len(devices))
+	if got := sb.Node.TunnelConnects(); got != connects+int64(len(held)) {
+		t.Fatalf("the standby relay took %d tunnels, want the %d promoted ones alone", got-connects, len(held))
 	}
 	if n := logs.Count("agent disconnected"); n != 0 {
 		t.Fatalf("an agent reconnected (%d disconnections):\n%s", n, logs)
 	}
-	if n := logs.Count("agent moved to its standby tunnel"); n != len(devices) {
-		t.Fatalf("the agents learnt of %d promotions, want %d:\n%s", n, len(devices), logs)
+	if n := logs.Count("agent moved to its standby tunnel"); n != len(held) {
+		t.Fatalf("the agents learnt of %d promotions, want %d:\n%s", n, len(held), logs)
 	}
 }

@@ -293,26 +293,28 @@ func (n *Node) suggestStandbys(sg *suggester, now time.Time) int {
 		}
 	}
 	missing := make(map[string]bool, len(sg.missing))
-	k := 0
+	var due []string
 	for _, device := range n.tunnels.Devices() {
 		e, ok := n.member.Entry(device)
 		if !ok || e.RelayID != n.relayID || e.Standby != "" {
 			continue
 		}
 		missing[device] = true
-		if !sg.missing[device] {
-			continue // the first round without one
-		}
-		if _, recent := sg.told[device]; recent {
-			continue
-		}
-		if t, ok := n.member.Standby(device, n.cfg.Region, n.placeVetoed); ok && !t.Self {
-			if n.tunnels.SuggestStandby(device, tunnel.RelayAddr{ID: t.ID, URL: t.Address}) > 0 {
-				k++
-			}
-			sg.told[device] = now
+		if _, recent := sg.told[device]; sg.missing[device] && !recent {
+			due = append(due, device) // the second round in a row without one
 		}
 	}
 	sg.missing = missing
+	k := 0
+	for _, device := range due {
+		t, ok := n.member.Standby(device, n.cfg.Region, n.placeVetoed)
+		if !ok {
+			break // no other relay is available, for any device: the next round looks again
+		}
+		if !t.Self && n.tunnels.SuggestStandby(device, tunnel.RelayAddr{ID: t.ID, URL: t.Address}) > 0 {
+			k++
+		}
+		sg.told[device] = now
+	}
 	return k
 }
