@@ -42,6 +42,7 @@ func main() {
 	version := flag.Int("tunnel-version", tunnel.V2, "the tunnel version the agents offer: 2 (the agent's default) or 1")
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
 	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period, to this file")
+	flag.StringVar(&cpuProfile, "cpu-profile", "", "save the relay's CPU profile of the idle period to this file")
 	flag.IntVar(&standbys, "standbys", 0, "standby tunnels to open besides the agents' tunnels (version 2 only)")
 	flag.DurationVar(&agentPing, "agent-ping", 0, "the agents' own ping interval, announced to the relay (timeout half of it); 0 pings at -ping and announces nothing")
 	flag.Parse()
@@ -56,6 +57,10 @@ func main() {
 
 // heapProfile, when set, receives the relay's heap profile.
 var heapProfile string
+
+// cpuProfile, when set, receives the relay's CPU profile of the idle
+// period.
+var cpuProfile string
 
 // tunnelVersion is the version the agents offer; a relay that takes it is
 // checked for each tunnel.
@@ -128,6 +133,14 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	}
 	fmt.Printf("%d tunnels and %d standbys connected in %v; idling %v (relay pings after %v of silence, agents after %v)\n",
 		n, standbys, time.Since(start).Round(time.Millisecond), settle, 2*max(live.Interval, min(agentPing, time.Hour)), agentLive.Interval)
+	token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
+	profiled := make(chan error, 1)
+	if cpuProfile != "" {
+		secs := max(1, int(settle.Seconds()))
+		go func() {
+			profiled <- benchkit.SaveProfile(fmt.Sprintf("http://127.0.0.1:%s/debug/pprof/profile?seconds=%d", admin, secs), strings.TrimSpace(string(token)), cpuProfile)
+		}()
+	}
 	cpu0, t0 := cpuTicks(pid), time.Now()
 	time.Sleep(settle)
 	cpu := float64(cpuTicks(pid)-cpu0) / 100 / time.Since(t0).Seconds()
@@ -138,8 +151,12 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	stack := benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
 	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent\n",
 		heap/1024/float64(n), stack/1024/float64(n))
+	if cpuProfile != "" {
+		if err := <-profiled; err != nil {
+			return err
+		}
+	}
 	if heapProfile != "" {
-		token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
 		if err := benchkit.SaveProfile("http://127.0.0.1:"+admin+"/debug/pprof/heap", strings.TrimSpace(string(token)), heapProfile); err != nil {
 			return err
 		}
