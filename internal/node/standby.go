@@ -238,7 +238,9 @@ func (n *Node) handOver(device, to string) {
 	k := n.tunnels.HandOver(device, handOverGrace)
 	n.broker.ForgetDevice(device)
 	n.topics.Moved(device)
-	n.log.Info("device handed over to its standby", logkey.Device, device, logkey.Holder, to, logkey.Tunnels, k)
+	if k > 0 { // the cancel message and the directory both tell of the move: log it once
+		n.log.Info("device handed over to its standby", logkey.Device, device, logkey.Holder, to, logkey.Tunnels, k)
+	}
 	n.member.Changed()
 }
 
@@ -292,9 +294,20 @@ func (n *Node) suggestStandbys(sg *suggester, now time.Time) int {
 			delete(sg.told, d)
 		}
 	}
+	devices := n.tunnels.Devices()
+	if len(devices) == 0 {
+		clear(sg.missing)
+		return 0
+	}
+	if _, ok := n.member.Standby(devices[0], n.cfg.Region, n.placeVetoed); !ok {
+		// No other relay is available, for any device: nothing to name,
+		// and no need to read the directory (a relay alone in its fleet).
+		clear(sg.missing)
+		return 0
+	}
 	missing := make(map[string]bool, len(sg.missing))
 	var due []string
-	for _, device := range n.tunnels.Devices() {
+	for _, device := range devices {
 		e, ok := n.member.Entry(device)
 		if !ok || e.RelayID != n.relayID || e.Standby != "" {
 			continue
@@ -309,7 +322,7 @@ func (n *Node) suggestStandbys(sg *suggester, now time.Time) int {
 	for _, device := range due {
 		t, ok := n.member.Standby(device, n.cfg.Region, n.placeVetoed)
 		if !ok {
-			break // no other relay is available, for any device: the next round looks again
+			break // no other relay is available any more, for any device: the next round looks again
 		}
 		if !t.Self && n.tunnels.SuggestStandby(device, tunnel.RelayAddr{ID: t.ID, URL: t.Address}) > 0 {
 			k++
