@@ -69,24 +69,13 @@ func (a *Agent) runNative(ctx context.Context) error {
 		}
 		silent := t.wc.silent(t.up, t.quiet(a.cfg.Liveness))
 		w.lost(silent, t.wc.lastSign(t.up))
-		if t.standbyAt.ID != "" {
-			w.first(t.standbyAt)
-		}
 		if silent {
 			// The relay stopped answering: go to the next relay at once.
 			a.setState("disconnected", logkey.Relay, t.c.url.Redacted(), logkey.Err, "the relay stopped answering")
 			continue
 		}
 		a.setState("disconnected", logkey.Relay, t.c.url.Redacted(), logkey.Err, "tunnel closed")
-		delay := bo.Next(time.Now())
-		if t.standbyAt.ID != "" && bo.Failures() == 1 {
-			// A standby stood by: its relay is where the fleet sends the
-			// device's requests once it vetoes the relay that closed (a
-			// crash), so the first retry after a stable tunnel goes there
-			// at once, without its jitter; later ones back off as any.
-			continue
-		}
-		if !sleep(ctx, delay) {
+		if !sleep(ctx, bo.Next(time.Now())) {
 			return nil
 		}
 	}

@@ -128,28 +128,6 @@ func (w *walker) lost(silent bool, lastSign time.Time) {
 	w.queue = append(w.others(w.current.ID), candidate{url: w.curURL, id: w.current.ID})
 }
 
-// first puts relay r at the head of the relays to try next, after lost:
-// the relay of the standby that stood by the lost tunnel, which the fleet
-// moves the device to. Its other place in the queue, if any, is dropped,
-// and the lost relay is named unreachable, so that r does not send the
-// agent back to it before its own watchdog has vetoed it (a crash).
-func (w *walker) first(r tunnel.RelayAddr) {
-	u, err := url.Parse(r.URL)
-	if err != nil || r.ID == "" || r.ID == w.current.ID {
-		return
-	}
-	if w.current.ID != "" {
-		w.unreachable = w.current.ID
-	}
-	q := []candidate{{url: u, id: r.ID}}
-	for _, c := range w.queue {
-		if c.id != r.ID {
-			q = append(q, c)
-		}
-	}
-	w.queue, w.redirect = q, nil
-}
-
 // others is the learned list without the relay id.
 func (w *walker) others(id string) []candidate {
 	var out []candidate

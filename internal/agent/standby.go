@@ -36,9 +36,6 @@ type tunnelRun struct {
 	retire   chan struct{}         // closed to retire the tunnel
 	once     sync.Once
 	alone    atomic.Bool // no standby stands by it: pinged quickly (see watch)
-	// standbyAt is the relay of the standby that stood by when the tunnel
-	// was lost unpromoted, "" for none: set by hold before it returns.
-	standbyAt tunnel.RelayAddr
 }
 
 // retireNow retires the tunnel: no new streams, closed when those in
@@ -177,9 +174,6 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 		case <-cur.done:
 			next, ok := promotedAlready(sb.run)
 			if !ok {
-				if sb.run != nil {
-					cur.standbyAt = tunnel.RelayAddr{ID: sb.run.placed.RelayID, URL: sb.run.c.url.String()}
-				}
 				return cur
 			}
 			cur = a.adopt(w, cur, sb, next)
