@@ -42,9 +42,12 @@ func main() {
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
 	spread := flag.Duration("spread", 5*time.Second, "the drained relay's --drain-spread")
 	md := flag.String("md", "", "also write the result as Markdown to this file")
-	ping := flag.Duration("ping", 400*time.Millisecond, "the tunnels' ping interval (relays and agents)")
-	pingTimeout := flag.Duration("ping-timeout", 800*time.Millisecond, "the tunnels' ping timeout (relays and agents)")
+	ping := flag.Duration("ping", 400*time.Millisecond, "the relays' tunnel ping interval")
+	pingTimeout := flag.Duration("ping-timeout", 800*time.Millisecond, "the relays' tunnel ping timeout")
+	flag.StringVar(&logLevel, "log-level", "error", "the relays' --log-level (their output goes to stderr)")
 	flag.StringVar(&profileDir, "profile-dir", "", "write 5 s CPU profiles of both relays, taken as the drain begins, to this directory")
+	flag.DurationVar(&agentPing, "agent-ping", 0, "the agents' own ping interval, timeout half of it (0: the agent's default, 10 s while it keeps a standby); -ping stays the relays'")
+	flag.DurationVar(&standbyWait, "standby-wait", time.Minute, "wait up to this long, before the drain, until the directory records every agent's standby tunnel at the other relay (0: do not wait)")
 	flag.Parse()
 	live = tunnel.Liveness{Interval: *ping, Timeout: *pingTimeout}
 	if err := run(*n, *workers, *bin, *spread, *md); err != nil {
@@ -52,10 +55,19 @@ func main() {
 	}
 }
 
+// logLevel is -log-level.
+var logLevel string
+
 // profileDir, when set, receives the relays' CPU profiles of the drain.
 var profileDir string
 
-// live is the tunnels' liveness, the same for the relays and the agents.
+// standbyWait is -standby-wait.
+var standbyWait time.Duration
+
+// agentPing is -agent-ping.
+var agentPing time.Duration
+
+// live is the relays' tunnel liveness.
 var live tunnel.Liveness
 
 func run(n, workers int, bin string, spread time.Duration, md string) error {
@@ -69,7 +81,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	f, err := procfleet.Start(ctx, procfleet.Config{Bin: bin, Dir: dir, Relays: 2, Output: os.Stderr,
+	f, err := procfleet.Start(ctx, procfleet.Config{Bin: bin, Dir: dir, Relays: 2, Output: os.Stderr, LogLevel: logLevel,
 		Args: []string{"--max-forward", fmt.Sprint(2 * n), "--drain-spread", spread.String(),
 			"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String()}})
 	if err != nil {
@@ -105,7 +117,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 			break
 		}
 		p, err := procfleet.StartProc(fmt.Sprintf("agent worker %d", w), self,
-			[]string{"-agent-worker", first.String(), second.String(), fmt.Sprint(lo), fmt.Sprint(hi), live.Interval.String(), live.Timeout.String()}, os.Stderr)
+			[]string{"-agent-worker", first.String(), second.String(), fmt.Sprint(lo), fmt.Sprint(hi), agentPing.String()}, os.Stderr)
 		if err != nil {
 			return err
 		}
@@ -170,6 +182,31 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		fmt.Fprintf(os.Stderr, "before the drain: tunnels %v on the first relay, %v on the other; %d failed requests\n",
 			benchkit.Gauge(metrics[0], "switchboard_tunnel_sessions"), benchkit.Gauge(metrics[1], "switchboard_tunnel_sessions"), failed.Load())
 	}
+	if standbyWait > 0 {
+		// Agents that keep standbys are named the other relay once it is
+		// undrained, and open them there: wait until the directory records
+		// every one, so that the drain asks them all to promote.
+		start := time.Now()
+		recorded := 0
+		err := benchkit.Poll(ctx, standbyWait, 500*time.Millisecond, func() error {
+			ds, err := api.ListDevices(ctx)
+			if err != nil {
+				return err
+			}
+			recorded = 0
+			for _, d := range ds {
+				if d.RelayID == id0 && d.Standby == id1 {
+					recorded++
+				}
+			}
+			if recorded < n {
+				return fmt.Errorf("%d of %d standbys recorded", recorded, n)
+			}
+			return nil
+		})
+		fmt.Fprintf(os.Stderr, "standbys: %v tunnels on the other relay, %d of %d recorded, after %v (%v)\n",
+			benchkit.Gauge(metrics[1], "switchboard_tunnel_standby_sessions"), recorded, n, time.Since(start).Round(time.Millisecond), err)
+	}
 	if profileDir != "" {
 		for i, r := range relays {
 			wg.Go(func() {
@@ -219,11 +256,13 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 // agentWorker runs the agents of devices [lo, hi) against the two relays,
 // with a backend of its own, until it is killed.
 func agentWorker(args []string) error {
-	if len(args) != 6 {
-		return fmt.Errorf("usage: -agent-worker FIRST SECOND LO HI PING PING-TIMEOUT")
+	if len(args) != 5 {
+		return fmt.Errorf("usage: -agent-worker FIRST SECOND LO HI AGENT-PING")
 	}
-	live.Interval, _ = time.ParseDuration(args[4])
-	live.Timeout, _ = time.ParseDuration(args[5])
+	var agentLive tunnel.Liveness // the agent's default
+	if p, err := time.ParseDuration(args[4]); err == nil && p > 0 {
+		agentLive = tunnel.Liveness{Interval: p, Timeout: p / 2}
+	}
 	first, _ := url.Parse(args[0])
 	second, _ := url.Parse(args[1])
 	var lo, hi int
@@ -243,7 +282,7 @@ func agentWorker(args []string) error {
 	}
 	for i := lo; i < hi; i++ {
 		a, err := agent.New(agent.Config{Relays: []*url.URL{first, second}, Device: fmt.Sprintf("idle-%05d", i), Backend: bu,
-			Protocol: agent.ProtocolNative, Liveness: live, Logger: logger})
+			Protocol: agent.ProtocolNative, Liveness: agentLive, Logger: logger})
 		if err != nil {
 			return err
 		}

@@ -47,7 +47,7 @@ var allScenarios = []string{"kill", "freeze", "join", "drain", "place", "visibil
 
 func main() {
 	var o options
-	var scenarios string
+	var scenarios, relayFlags string
 	var short bool
 	flag.IntVar(&o.devices, "devices", 100, "devices, each with one native agent")
 	flag.IntVar(&o.trials, "trials", 20, "kill trials, and as many freeze trials")
@@ -55,9 +55,11 @@ func main() {
 	flag.StringVar(&o.natsServer, "nats-server", "", "nats-server binary for the quorum scenario (default: build one from the module)")
 	flag.StringVar(&o.md, "md", "", "also write the results as Markdown to this file")
 	flag.DurationVar(&o.probeEvery, "probe-every", 10*time.Millisecond, "interval of each affected device's probe requests")
+	flag.DurationVar(&o.probeTimeout, "probe-timeout", time.Second, "how long one probe request may take: a probe sent while its forward goes to the frozen holder waits this long, which bounds the freeze's first success from below")
 	flag.DurationVar(&o.gap, "gap", 11*time.Second, "least time between two trials: agents whose relays fail within 10 s of each other back off, by design")
 	flag.DurationVar(&o.natsOutage, "nats-outage", 60*time.Second, "how long NATS is down (nats), or without its quorum (quorum): longer than the relays' fresh window")
 	flag.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "the scenarios to run, comma-separated, of "+strings.Join(allScenarios, ", "))
+	flag.StringVar(&relayFlags, "relay-flags", "", "more flags for every relay, space-separated (e.g. \"--probe-interval 100ms --probe-timeout 250ms\")")
 	flag.BoolVar(&short, "short", false, "a run of under a minute, for CI: 10 devices, 1 kill trial, a 10 s NATS outage and quorum loss (-scenarios kill,nats,quorum)")
 	flag.Parse()
 	if short {
@@ -74,6 +76,7 @@ func main() {
 		}
 		o.scenarios[sc] = true
 	}
+	o.relayFlags = strings.Fields(relayFlags)
 	if err := run(o); err != nil {
 		log.Fatal(err)
 	}
@@ -83,8 +86,10 @@ type options struct {
 	devices, trials     int
 	bin, natsServer, md string
 	probeEvery, gap     time.Duration
+	probeTimeout        time.Duration
 	natsOutage          time.Duration
 	scenarios           map[string]bool
+	relayFlags          []string // added to every relay's command line
 }
 
 type bench struct {
@@ -107,7 +112,7 @@ func run(o options) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b := &bench{o: o, dir: dir, bin: o.bin}
+	b := &bench{o: o, dir: dir, bin: o.bin, relayArgs: o.relayFlags}
 	if b.bin, err = benchkit.Binary(b.bin, dir); err != nil {
 		return err
 	}
@@ -140,6 +145,9 @@ func (b *bench) single(ctx context.Context) error {
 	}
 	defer b.stop(backend)
 	b.logf("# Failover: %d devices, 3 relays, %d trials each\n\n", len(devices), o.trials)
+	if len(b.relayArgs) > 0 {
+		b.logf("Relays run with `%s`.\n\n", strings.Join(b.relayArgs, " "))
+	}
 	b.logf("Relays are `switchboard serve` processes on one NATS (hosted by the harness); native agents and the backend run in the harness. Requests go through the surviving relays in turn, as through a load balancer whose health check has removed the dead one. The load alternates GET and POST, one request every 5 ms, to every device in turn through every relay that is up (two in three need a forward hop). Trials start at least %s apart.\n\n", o.gap)
 
 	load := procfleet.StartLoad(ctx, b.f.Relays(), devices, 5*time.Millisecond)
@@ -293,7 +301,7 @@ const minDown = 3 * time.Second
 // succeeds, and returns how long after start; -1 after 10 s.
 func (b *bench) firstSuccess(ctx context.Context, device string, relays []string, start time.Time) time.Duration {
 	return benchkit.FirstOK(ctx, func(i int) string { return relays[i%len(relays)] + "/client/" + device + "/" },
-		start, 10*time.Second, b.o.probeEvery, time.Second)
+		start, 10*time.Second, b.o.probeEvery, b.o.probeTimeout)
 }
 
 // extras measures the fleet's other promises under load, each scenario

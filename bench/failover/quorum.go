@@ -24,7 +24,7 @@ func (b *bench) quorum(ctx context.Context) error {
 		return err
 	}
 	q := &bench{o: b.o, bin: b.bin, dir: filepath.Join(b.dir, "quorum"),
-		relayArgs: []string{"--nats-replicas", "3"}}
+		relayArgs: append([]string{"--nats-replicas", "3"}, b.o.relayFlags...)}
 	cluster, err := natscluster.Start(ctx, server, filepath.Join(q.dir, "nats"), 3)
 	if err != nil {
 		return err

@@ -1,9 +1,14 @@
 // Command idle measures a relay's memory per idle native agent: it starts a
 // relay process, opens N native tunnels to it from this process (each served
 // by a real HTTP/2 server, pinging as agents do), lets them settle, and
-// reports the relay's resident memory and CPU per agent.
+// reports the relay's resident memory and CPU per agent. With -standbys it
+// also opens as many standby tunnels (for other devices, as a relay of a
+// fleet keeps for agents held elsewhere), and with -agent-ping the agents
+// ping at that interval and announce it, as agents that keep a standby do,
+// while the relay keeps -ping.
 //
 //	go run ./bench/idle -agents 10000
+//	go run ./bench/idle -agents 10000 -standbys 10000 -agent-ping 10s
 package main
 
 import (
@@ -38,6 +43,9 @@ func main() {
 	bin := flag.String("bin", "", "switchboard binary (default: build one)")
 	flag.StringVar(&heapProfile, "heap-profile", "", "save the relay's heap profile, taken after the idle period and a collection (live objects), to this file")
 	flag.StringVar(&goroutineDump, "goroutine-dump", "", "save the relay's goroutines, counted by stack, after the idle period, to this file")
+	flag.StringVar(&cpuProfile, "cpu-profile", "", "save the relay's CPU profile of the idle period to this file")
+	flag.IntVar(&standbys, "standbys", 0, "standby tunnels to open besides the agents' tunnels (version 2 only)")
+	flag.DurationVar(&agentPing, "agent-ping", 0, "the agents' own ping interval, announced to the relay (timeout half of it); 0 pings at -ping and announces nothing")
 	flag.Parse()
 	if *version != tunnel.V1 && *version != tunnel.V2 {
 		log.Fatalf("-tunnel-version %d: use %d or %d", *version, tunnel.V1, tunnel.V2)
@@ -54,9 +62,19 @@ var heapProfile string
 // goroutineDump, when set, receives the relay's goroutines in text.
 var goroutineDump string
 
+// cpuProfile, when set, receives the relay's CPU profile of the idle
+// period.
+var cpuProfile string
+
 // tunnelVersion is the version the agents offer; a relay that takes it is
 // checked for each tunnel.
 var tunnelVersion int
+
+// standbys and agentPing are -standbys and -agent-ping.
+var (
+	standbys  int
+	agentPing time.Duration
+)
 
 func run(n int, settle, ping time.Duration, bin string) error {
 	live := tunnel.Liveness{Interval: ping, Timeout: ping * 5 / 2}
@@ -99,13 +117,34 @@ func run(n int, settle, ping time.Duration, bin string) error {
 		wg.Wait()
 	}()
 	start := time.Now()
-	if err := connect(ctx, &wg, n, "http://127.0.0.1:"+port, live); err != nil {
+	agentLive := live
+	if agentPing > 0 {
+		agentLive = tunnel.Liveness{Interval: agentPing, Timeout: agentPing / 2}
+	}
+	if err := connect(ctx, &wg, n, "http://127.0.0.1:"+port, agentLive, false); err != nil {
 		return err
 	}
 	if err := waitSessions(metrics, n); err != nil {
 		return fmt.Errorf("%w (first dial error: %v)", err, firstErr.Load())
 	}
-	fmt.Printf("%d tunnels connected in %v; idling %v\n", n, time.Since(start).Round(time.Millisecond), settle)
+	if standbys > 0 {
+		if err := connect(ctx, &wg, standbys, "http://127.0.0.1:"+port, agentLive, true); err != nil {
+			return err
+		}
+		if err := waitStandbys(ctx, standbys); err != nil {
+			return fmt.Errorf("%w (first dial error: %v)", err, firstErr.Load())
+		}
+	}
+	fmt.Printf("%d tunnels and %d standbys connected in %v; idling %v (relay pings after %v of silence, agents after %v)\n",
+		n, standbys, time.Since(start).Round(time.Millisecond), settle, 2*max(live.Interval, min(agentPing, time.Hour)), agentLive.Interval)
+	token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
+	profiled := make(chan error, 1)
+	if cpuProfile != "" {
+		secs := max(1, int(settle.Seconds()))
+		go func() {
+			profiled <- benchkit.SaveProfile(fmt.Sprintf("http://127.0.0.1:%s/debug/pprof/profile?seconds=%d", admin, secs), strings.TrimSpace(string(token)), cpuProfile)
+		}()
+	}
 	cpu0, t0 := cpuTicks(pid), time.Now()
 	time.Sleep(settle)
 	cpu := float64(cpuTicks(pid)-cpu0) / 100 / time.Since(t0).Seconds()
@@ -116,7 +155,11 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	stack := benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
 	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent\n",
 		heap/1024/float64(n), stack/1024/float64(n))
-	token, _ := os.ReadFile(filepath.Join(dir, "data", "admin.token"))
+	if cpuProfile != "" {
+		if err := <-profiled; err != nil {
+			return err
+		}
+	}
 	for _, p := range []struct{ path, file string }{{"heap?gc=1", heapProfile}, {"goroutine?debug=1", goroutineDump}} {
 		if p.file == "" {
 			continue
@@ -134,8 +177,22 @@ func run(n int, settle, ping time.Duration, bin string) error {
 // firstErr keeps the first failed dial for the report.
 var firstErr atomic.Value
 
-// connect opens n tunnels, each served until ctx ends.
-func connect(ctx context.Context, wg *sync.WaitGroup, n int, relay string, live tunnel.Liveness) error {
+// standbysUp counts the standby tunnels open.
+var standbysUp atomic.Int64
+
+// waitStandbys waits until n standby tunnels are open.
+func waitStandbys(ctx context.Context, n int) error {
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
+		if standbysUp.Load() >= int64(n) {
+			return nil
+		}
+	}
+	return fmt.Errorf("only %d of %d standby tunnels opened", standbysUp.Load(), n)
+}
+
+// connect opens n tunnels (standby ones when standby is set), each served
+// until ctx ends.
+func connect(ctx context.Context, wg *sync.WaitGroup, n int, relay string, live tunnel.Liveness, standby bool) error {
 	u, _ := url.Parse(relay)
 	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	announce, err := service.Announce([]service.Service{{Name: service.Default, Kind: service.HTTP, Addr: "127.0.0.1:1"}}, false)
@@ -147,7 +204,15 @@ func connect(ctx context.Context, wg *sync.WaitGroup, n int, relay string, live 
 	for i := 0; i < n; i++ {
 		sem <- struct{}{}
 		wg.Go(func() {
-			conn, err := tunnel.Dial(ctx, tunnel.DialConfig{Relay: u, Device: "idle-" + strconv.Itoa(i), Version: tunnelVersion, Services: announce}, nil)
+			device := "idle-" + strconv.Itoa(i)
+			if standby {
+				device = "standby-" + strconv.Itoa(i)
+			}
+			var header http.Header
+			if agentPing > 0 {
+				header = http.Header{tunnel.PingHeader: {strconv.FormatInt(agentPing.Milliseconds(), 10)}}
+			}
+			conn, err := tunnel.Dial(ctx, tunnel.DialConfig{Relay: u, Device: device, Version: tunnelVersion, Services: announce, Standby: standby}, header)
 			<-sem
 			if err == nil && tunnel.VersionOf(conn) != tunnelVersion {
 				conn.Close()
@@ -156,6 +221,9 @@ func connect(ctx context.Context, wg *sync.WaitGroup, n int, relay string, live 
 			if err != nil {
 				firstErr.CompareAndSwap(nil, fmt.Errorf("tunnel %d: %w", i, err))
 				return
+			}
+			if standby {
+				standbysUp.Add(1)
 			}
 			if tunnelVersion == tunnel.V2 {
 				tunnel.ServeStreams(ctx, conn, live, refuse)

@@ -36,8 +36,6 @@ type Agent struct {
 	byName   map[string]service.Service // the services by name
 	announce string                     // what a version 2 relay learns of them
 
-	moving sync.WaitGroup // version 2 tunnels left at a GOAWAY, serving their last streams
-
 	flowLines *lograte.Limiter // bounds the log lines of UDP flows, which the relay's users drive
 
 	mu    sync.Mutex // guards state
@@ -95,7 +93,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.relay.CloseIdleConnections()
 	defer a.backend.CloseIdleConnections()
 	if a.cfg.Protocol == ProtocolNative {
-		defer a.moving.Wait()
 		return a.runNative(ctx)
 	}
 	return a.runLongPoll(ctx)

@@ -31,6 +31,14 @@ const (
 	DefaultKeepAlive          = 3 * time.Second
 	DefaultPollTimeout        = 45 * time.Second
 	DefaultTunnelVersion      = tunnel.V2
+	// DefaultStandbyPingInterval and DefaultStandbyPingTimeout are the
+	// native tunnel's pings for an agent that keeps a standby tunnel: the
+	// fleet's watchdog, not the agent, notices a frozen relay then, and
+	// the agent pings only to notice a relay it cannot reach itself, within
+	// 15 s. An agent without one (--websocket, --tunnel-version 1,
+	// NoStandby) pings as tunnel.Liveness's defaults say.
+	DefaultStandbyPingInterval = 10 * time.Second
+	DefaultStandbyPingTimeout  = 5 * time.Second
 )
 
 // Config configures an agent. Zero fields take the defaults named on them.
@@ -76,7 +84,9 @@ type Config struct {
 	// WebSocket carries the native tunnel in a WebSocket, for paths that
 	// pass nothing else. Default off: an HTTP/1.1 Upgrade.
 	WebSocket bool
-	// Liveness sets the native tunnel's pings; see tunnel.Liveness.
+	// Liveness sets the native tunnel's pings; see tunnel.Liveness. Default
+	// DefaultStandbyPingInterval and DefaultStandbyPingTimeout for an agent
+	// that keeps a standby tunnel, else tunnel.Liveness's.
 	Liveness tunnel.Liveness
 	// Services are the agent's services besides the one Backend gives
 	// (named service.Default), announced to a version 2 relay; the relay
@@ -92,6 +102,10 @@ type Config struct {
 	// tunnel.V2 (the default), which falls back to tunnel.V1 against a
 	// relay that lacks it, or tunnel.V1 alone.
 	TunnelVersion int
+	// NoStandby keeps no standby tunnel beside the native tunnel. Default
+	// off: a version 2 tunnel over an HTTP/1.1 Upgrade keeps one at the
+	// relay its holder names (docs/design/hot-standby.md).
+	NoStandby bool
 	// MaxChunkSize caps the response bytes posted per chunk. Default 1 MiB.
 	MaxChunkSize int
 	// BlockSize is the read size from the backend. Default 64 KiB.
@@ -114,6 +128,14 @@ type Config struct {
 func (c *Config) Complete() {
 	if c.Protocol == "" {
 		c.Protocol = DefaultProtocol
+	}
+	if c.keepsStandby() {
+		if c.Liveness.Interval <= 0 {
+			c.Liveness.Interval = DefaultStandbyPingInterval
+		}
+		if c.Liveness.Timeout <= 0 {
+			c.Liveness.Timeout = DefaultStandbyPingTimeout
+		}
 	}
 	c.Liveness = c.Liveness.WithDefaults()
 	if c.MaxChunkSize <= 0 {
@@ -194,4 +216,10 @@ func invalidf(field, format string, args ...any) error {
 
 func (c *Config) tlsConfig() *tls.Config {
 	return &tls.Config{RootCAs: c.RootCAs, MinVersion: tls.VersionTLS12}
+}
+
+// keepsStandby reports whether the agent keeps a standby tunnel beside its
+// native tunnel when its relay names one.
+func (c *Config) keepsStandby() bool {
+	return c.Protocol == ProtocolNative && c.tunnelVersion() == tunnel.V2 && !c.WebSocket && !c.NoStandby
 }

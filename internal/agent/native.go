@@ -20,10 +20,14 @@ import (
 )
 
 // runNative keeps one tunnel to a relay open, serving every request on it,
-// and redials with jittered backoff when it drops. Against a relay without
-// the tunnel it falls back to the long-poll protocol.
+// with a standby tunnel beside it at another relay when its relay names
+// one (hold), and redials with jittered backoff when it drops and no
+// standby took its place. Against a relay without the tunnel it falls
+// back to the long-poll protocol.
 func (a *Agent) runNative(ctx context.Context) error {
 	handler := a.nativeHandler()
+	var wg sync.WaitGroup // the tunnels served, standbys included
+	defer wg.Wait()
 	bo := backoff.New(backoff.Policy{})
 	w := newWalker(a.cfg.Relays)
 	for ctx.Err() == nil {
@@ -58,55 +62,30 @@ func (a *Agent) runNative(ctx context.Context) error {
 		bo.Up(time.Now())
 		w.connected(c, placed)
 		a.setState("connected", logkey.Relay, c.url.Redacted(), logkey.RelayID, placed.RelayID, logkey.Protocol, ProtocolNative, logkey.TunnelVersion, version)
-		wc := &watchedConn{Conn: conn}
-		up := time.Now()
-		if version == tunnel.V2 {
-			if a.serveV2(ctx, wc) {
-				// The relay drains: connect elsewhere now, while this
-				// tunnel's streams finish beside the next one.
-				a.setState("moving: the relay asked this agent to go", logkey.Relay, c.url.Redacted())
-				continue
-			}
-		} else {
-			tunnel.Serve(ctx, wc, handler, a.cfg.Liveness)
+		t, away := a.hold(ctx, &wg, w, a.serveTunnel(ctx, &wg, c, conn, placed, version, handler, true))
+		if away && ctx.Err() == nil {
+			// The relay drains: connect elsewhere now, while this
+			// tunnel's streams finish beside the next one.
+			a.setState("moving: the relay asked this agent to go", logkey.Relay, t.c.url.Redacted())
+			continue
 		}
+		<-t.done // hold returns once it has ended, or with ctx
 		if ctx.Err() != nil {
 			return nil
 		}
-		silent := wc.silent(up, a.cfg.Liveness.WithDefaults().Timeout)
-		w.lost(silent, wc.lastSign(up))
+		silent := t.wc.silent(t.up, t.quiet(a.cfg.Liveness))
+		w.lost(silent, t.wc.lastSign(t.up))
 		if silent {
 			// The relay stopped answering: go to the next relay at once.
-			a.setState("disconnected", logkey.Relay, c.url.Redacted(), logkey.Err, "the relay stopped answering")
+			a.setState("disconnected", logkey.Relay, t.c.url.Redacted(), logkey.Err, "the relay stopped answering")
 			continue
 		}
-		a.setState("disconnected", logkey.Relay, c.url.Redacted(), logkey.Err, "tunnel closed")
+		a.setState("disconnected", logkey.Relay, t.c.url.Redacted(), logkey.Err, "tunnel closed")
 		if !sleep(ctx, bo.Next(time.Now())) {
 			return nil
 		}
 	}
 	return nil
-}
-
-// serveV2 serves a version 2 tunnel until it ends (false) or until the
-// relay sends GOAWAY (true, at once): the tunnel's streams in flight, TCP
-// connections that may last hours, then run on to their end in the
-// background, waited for by runNative's caller through a.moving, so that
-// the device moves to another relay while they finish instead of staying
-// on the draining one until they do.
-func (a *Agent) serveV2(ctx context.Context, conn net.Conn) bool {
-	away := make(chan struct{})
-	done := make(chan struct{})
-	a.moving.Go(func() {
-		defer close(done)
-		tunnel.ServeStreamsAway(ctx, conn, a.cfg.Liveness, a.dialStream, func() { close(away) })
-	})
-	select {
-	case <-done:
-		return false
-	case <-away:
-		return true
-	}
 }
 
 // dialTunnel opens a tunnel to the relay c, by HTTP/1.1 Upgrade or
@@ -132,7 +111,7 @@ func (a *Agent) dialTunnel(ctx context.Context, c candidate, extra http.Header) 
 func (a *Agent) dialVersion(ctx context.Context, c candidate, extra http.Header, version int) (net.Conn, tunnel.Placed, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	header := http.Header{wire.InstanceHeader: {a.instance}}
+	header := http.Header{wire.InstanceHeader: {a.instance}, tunnel.PingHeader: {a.pingMs()}}
 	for k, v := range extra {
 		header[k] = v
 	}

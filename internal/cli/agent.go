@@ -21,7 +21,7 @@ import (
 // reference agent's.
 type agentFlags struct {
 	relays, device, backend, token, tokenFile, protocol, prefix, rootCA, backendCA string
-	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket                  bool
+	backendH2C, disableHTTP2, forceHTTP2, preserveHost, websocket, noStandby       bool
 	maxChunk, blockSize, pending, tunnelVersion                                    int
 	liveness                                                                       tunnel.Liveness
 	broadcast, passthrough                                                         []string
@@ -69,8 +69,9 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.blockSize, "block-size", agent.DefaultBlockSize, "read size from the backend in `bytes`")
 	fs.IntVar(&f.pending, "num-pending-requests", agent.DefaultNumPendingRequests, "concurrent polls")
 	fs.BoolVar(&f.disableHTTP2, "disable-http2", false, "never use HTTP/2 to the backend")
-	fs.DurationVar(&f.liveness.Interval, "ping-interval", tunnel.DefaultPingInterval, "native tunnel: ping the relay after this `long` without hearing from it")
-	fs.DurationVar(&f.liveness.Timeout, "ping-timeout", tunnel.DefaultPingTimeout, "native tunnel: give the relay up when a ping gets no answer this `long`")
+	fs.DurationVar(&f.liveness.Interval, "ping-interval", 0, "native tunnel: ping the relay after this `long` without hearing from it (default "+agent.DefaultStandbyPingInterval.String()+" for an agent that keeps a standby tunnel, else "+tunnel.DefaultPingInterval.String()+")")
+	fs.DurationVar(&f.liveness.Timeout, "ping-timeout", 0, "native tunnel: give the relay up when a ping gets no answer this `long` (default "+agent.DefaultStandbyPingTimeout.String()+" with a standby tunnel, else "+tunnel.DefaultPingTimeout.String()+")")
+	fs.BoolVar(&f.noStandby, "no-standby", false, "keep no standby tunnel at a second relay (see docs/failover.md)")
 
 	// The reference agent's flag names.
 	fs.StringVar(&f.relayScheme, "relay_scheme", "https", "reference name: scheme of --relay_address")
@@ -99,6 +100,7 @@ func (f *agentFlags) config() (agent.Config, error) {
 		PreserveHost:       f.preserveHost,
 		Protocol:           f.protocol,
 		WebSocket:          f.websocket,
+		NoStandby:          f.noStandby,
 		Liveness:           f.liveness,
 		Services:           f.services,
 		Passthrough:        f.passthrough,

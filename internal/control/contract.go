@@ -97,11 +97,14 @@ type Device struct {
 	// State is StateOnline, StateStale or StateOffline.
 	State     string    `json:"state"`
 	UpdatedAt time.Time `json:"updated_at"` // the entry's last change
+	// Standby is the relay keeping a standby tunnel for it, which the
+	// device moves to when its relay is vetoed or drains; absent for none.
+	Standby string `json:"standby,omitempty"`
 }
 
 func deviceFrom(d fleet.DeviceStatus) Device {
 	return Device{Name: d.Name, RelayID: d.RelayID, AttachedAt: d.AttachedAt, Agents: d.Agents,
-		Protocol: d.Protocol, Fresh: d.Fresh, State: d.State, UpdatedAt: d.UpdatedAt}
+		Protocol: d.Protocol, Fresh: d.Fresh, State: d.State, UpdatedAt: d.UpdatedAt, Standby: d.Standby}
 }
 
 func devicesFrom(ds []fleet.DeviceStatus) []Device {

@@ -48,7 +48,7 @@ func newGoldenFleet() *goldenFleet {
 				MaxForward: 512, SecretAccepted: []string{}},
 		},
 		devices: []fleet.DeviceStatus{
-			{Name: "robot-1", RelayID: "rl-00000001", AttachedAt: t, Agents: 1, Protocol: "native", Fresh: true, State: fleet.StateOnline, UpdatedAt: t},
+			{Name: "robot-1", RelayID: "rl-00000001", AttachedAt: t, Agents: 1, Protocol: "native", Fresh: true, State: fleet.StateOnline, UpdatedAt: t, Standby: "rl-00000002"},
 			{Name: "robot-2", RelayID: "rl-00000009", AttachedAt: t, Protocol: "longpoll", State: fleet.StateOffline, UpdatedAt: t},
 		},
 		events: []fleet.Event{

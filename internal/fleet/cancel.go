@@ -30,7 +30,12 @@ type cancelMsg struct {
 	// back through the front door, gently (see Member.SendBack). A relay
 	// that predates the field drops the device as on a move, which sends
 	// the agents back too.
-	SendBack bool   `json:"send_back,omitempty"`
+	SendBack bool `json:"send_back,omitempty"`
+	// Promoted marks a move to the relay that kept the device's standby
+	// tunnel: the agent retires its tunnel here by itself, so RelayID
+	// hands its tunnels over (Config.OnHandOver) rather than closing
+	// them. A relay that predates the field drops the device as on a move.
+	Promoted bool   `json:"promoted,omitempty"`
 	By       string `json:"by"`
 }
 
@@ -48,6 +53,11 @@ func (m *Member) subscribeCancels() (*nats.Subscription, error) {
 		}
 		if c.SendBack {
 			m.cfg.OnSendBack(c.Device, c.By)
+			return
+		}
+		if c.Promoted && c.Moved && c.RelayID == m.cfg.RelayID {
+			m.log.Info("handing a device over to its standby", logkey.Device, c.Device, logkey.By, c.By)
+			m.cfg.OnHandOver(c.Device, c.By)
 			return
 		}
 		m.log.Info("dropping a device's sessions", logkey.Device, c.Device, logkey.Reason, c.Reason, logkey.By, c.By)

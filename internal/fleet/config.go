@@ -88,6 +88,18 @@ type Config struct {
 	// device's native agents back through the front door (Member.SendBack).
 	// Optional; it must not block long.
 	OnSendBack func(device, by string)
+	// Standbys returns the devices this relay keeps standby tunnels for,
+	// which it records in the directory. Optional: nil keeps none.
+	Standbys func() map[string]int
+	// OnPromote is called when relay from, the holder of device, asks
+	// this relay to promote its standby for the device (a drain).
+	// Optional; it must not block long.
+	OnPromote func(device, from string)
+	// OnHandOver is called when relay to took device by promoting its
+	// standby tunnel: this relay stops sending the device requests and
+	// lets those in flight finish, and the agent retires its tunnel here.
+	// Optional (default OnCancel's move); it must not block long.
+	OnHandOver func(device, to string)
 	// Logger receives transitions; nil discards.
 	Logger *slog.Logger
 }
@@ -132,6 +144,16 @@ func (c *Config) Complete() {
 	}
 	if c.Secret == nil {
 		c.Secret = noSecret{}
+	}
+	if c.Standbys == nil {
+		c.Standbys = func() map[string]int { return nil }
+	}
+	if c.OnHandOver == nil {
+		onCancel := c.OnCancel
+		c.OnHandOver = func(device, to string) { onCancel(device, "the device moved to relay "+to, true) }
+	}
+	if c.OnPromote == nil {
+		c.OnPromote = func(string, string) {}
 	}
 }
 

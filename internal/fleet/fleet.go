@@ -81,6 +81,10 @@ type Attachment struct {
 	// Protocol is "native", "longpoll" or "native+longpoll".
 	Protocol  string    `json:"protocol"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Standby is the id of a relay that keeps a standby tunnel for the
+	// device, to which the fleet moves it when RelayID is vetoed or
+	// drains; written and cleared by that relay (hot-standby.md).
+	Standby string `json:"standby,omitempty"`
 }
 
 // Event types.

@@ -53,13 +53,16 @@ type Member struct {
 	reachable   atomic.Bool
 	frozen      atomic.Pointer[freeze] // the relay set's last freeze that ended; see view
 
-	mu        sync.Mutex           // guards published; held by the reconcile loop
-	published map[string]Presence  // what this relay last wrote per device
-	movedAway map[string]bool      // devices another relay took while agents remained here
-	wroteAt   map[string]time.Time // the updated_at of this relay's last write per device
-	lostSince map[string]time.Time // when an arriving agent lost its previous relay
-	lostMu    sync.Mutex           // guards lostSince, apart from mu: handshakes note into it
-	hk        housekeeping         // used by the lease holder's loop only
+	mu          sync.Mutex           // guards published; held by the reconcile loop
+	published   map[string]Presence  // what this relay last wrote per device
+	movedAway   map[string]bool      // devices another relay took while agents remained here
+	wroteAt     map[string]time.Time // the updated_at of this relay's last write per device
+	lostSince   map[string]time.Time // when an arriving agent lost its previous relay
+	standbys    map[string]bool      // devices this relay recorded itself the standby of
+	heldStandby map[string]string    // the standby relay last recorded for each device held here
+	promoteSub  *nats.Subscription
+	lostMu      sync.Mutex   // guards lostSince, apart from mu: handshakes note into it
+	hk          housekeeping // used by the lease holder's loop only
 }
 
 // Open opens the fleet state in st for the relay cfg describes and starts the
@@ -71,16 +74,18 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		return nil, err
 	}
 	m := &Member{
-		cfg:       cfg,
-		log:       cfg.Logger.With(logkey.Component, "fleet", logkey.RelayID, cfg.RelayID),
-		st:        st,
-		kick:      make(chan struct{}, 1),
-		beatNow:   make(chan struct{}, 1),
-		started:   now(),
-		published: map[string]Presence{},
-		movedAway: map[string]bool{},
-		wroteAt:   map[string]time.Time{},
-		lostSince: map[string]time.Time{},
+		cfg:         cfg,
+		log:         cfg.Logger.With(logkey.Component, "fleet", logkey.RelayID, cfg.RelayID),
+		st:          st,
+		kick:        make(chan struct{}, 1),
+		beatNow:     make(chan struct{}, 1),
+		started:     now(),
+		published:   map[string]Presence{},
+		movedAway:   map[string]bool{},
+		wroteAt:     map[string]time.Time{},
+		lostSince:   map[string]time.Time{},
+		standbys:    map[string]bool{},
+		heldStandby: map[string]string{},
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
@@ -139,6 +144,10 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		return nil, fmt.Errorf("listening for cancel requests: %w", err)
 	}
 	m.cancelSub = sub
+	if m.promoteSub, err = m.subscribePromotes(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("listening for promote requests: %w", err)
+	}
 	if err := m.waitSynced(ctx); err != nil {
 		m.Close()
 		return nil, err
@@ -201,6 +210,9 @@ func (m *Member) Close() error {
 	m.closeOnce.Do(func() {
 		if m.cancelSub != nil {
 			_ = m.cancelSub.Unsubscribe()
+		}
+		if m.promoteSub != nil {
+			_ = m.promoteSub.Unsubscribe()
 		}
 		m.cancel()
 		m.wg.Wait()
@@ -364,6 +376,9 @@ func (m *Member) reconcileLoop(ctx context.Context) {
 		if err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
 			m.log.Debug("publishing attachments", logkey.Err, err)
 		}
+		if err := m.reconcileStandbys(ctx); err != nil && ctx.Err() == nil {
+			m.log.Debug("publishing standbys", logkey.Err, err)
+		}
 	})
 }
 
@@ -380,6 +395,9 @@ func (m *Member) reconcile(ctx context.Context) error {
 	for dev, p := range local {
 		pub, published := m.published[dev]
 		entry, inDir := m.devices.Get(deviceKey(dev))
+		if inDir && entry.RelayID == m.cfg.RelayID && entry.Standby != "" {
+			m.heldStandby[dev] = entry.Standby
+		}
 		if inDir && entry.RelayID == m.cfg.RelayID && entry.Agents == p.Agents && entry.Protocol == p.Protocol {
 			m.published[dev] = p
 			continue
@@ -391,7 +409,13 @@ func (m *Member) reconcile(ctx context.Context) error {
 			// message usually did already.
 			if !m.movedAway[dev] {
 				m.movedAway[dev] = true
-				m.cfg.OnCancel(dev, "the device moved to relay "+entry.RelayID, true)
+				if m.heldStandby[dev] == entry.RelayID {
+					// Its standby relay promoted it: the agent retires
+					// its tunnel here by itself.
+					m.cfg.OnHandOver(dev, entry.RelayID)
+				} else {
+					m.cfg.OnCancel(dev, "the device moved to relay "+entry.RelayID, true)
+				}
 			}
 			continue
 		}
@@ -419,7 +443,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			written, err := m.attach(ctx, dev, p)
+			written, err := m.attach(ctx, dev, p, m.standbys[dev])
 			results <- result{dev: dev, attach: true, written: written, err: err}
 		})
 	}
@@ -446,6 +470,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 		default:
 			delete(m.published, r.dev)
 			delete(m.movedAway, r.dev)
+			delete(m.heldStandby, r.dev)
 			delete(m.wroteAt, r.dev)
 			if r.done {
 				m.Record(Event{Type: EventDeviceDetached, Device: r.dev, RelayID: m.cfg.RelayID,
@@ -459,7 +484,10 @@ func (m *Member) reconcile(ctx context.Context) error {
 // reconcileParallel bounds the directory writes in flight at once.
 const reconcileParallel = 32
 
-func (m *Member) attach(ctx context.Context, dev string, p Presence) (written time.Time, err error) {
+// attach writes that this relay holds dev with presence p; promoted says
+// it took the device by promoting its standby tunnel, which the old
+// holder's cancel message then says.
+func (m *Member) attach(ctx context.Context, dev string, p Presence, promoted bool) (written time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	res, err := attach(ctx, m.devsKV, m.cfg.RelayID, dev, p, hint(m.devices, deviceKey(dev)))
@@ -486,7 +514,8 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence) (written ti
 		m.cfg.OnMove(dev, res.from, took)
 		// Split affinity: the old holder drops what it still has of the
 		// device, so that its agents reconnect and land here.
-		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID, Moved: true})
+		// A promoted standby's agent retires its old tunnel by itself.
+		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID, Moved: true, Promoted: promoted})
 	case res.isNew:
 		m.Record(Event{Type: EventDeviceAttached, Device: dev, RelayID: m.cfg.RelayID,
 			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, p.Agents, p.Protocol)})

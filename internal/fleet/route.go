@@ -72,16 +72,17 @@ func (m *Member) target(r Relay) Target {
 }
 
 // Holder returns the relay that should serve device now: the relay recorded
-// in the directory while it is available (sticky), else the best available
-// relay by the ranking. A relay is available as ranking.State.Available
+// in the directory while it is available (sticky), else the recorded
+// standby while it is available, else the best available relay by the
+// ranking. A relay is available as ranking.State.Available
 // says: fresh, healthy, not draining or stopping, not vetoed, and not
 // excluded (an agent reported it unreachable). ok is false when no relay is
 // available.
 func (m *Member) Holder(device, region string, vetoed func(id string) bool, exclude string) (t Target, ok bool) {
 	v := m.view(time.Now())
-	current := ""
+	current, standby := "", ""
 	if d, found := m.devices.Get(deviceKey(device)); found {
-		current = d.RelayID
+		current, standby = d.RelayID, d.Standby
 	}
 	sp := scratch.Get().(*[]ranking.Relay)
 	defer scratch.Put(sp)
@@ -95,12 +96,27 @@ func (m *Member) Holder(device, region string, vetoed func(id string) bool, excl
 		return true
 	})
 	*sp = cands
+	if standby != "" && !availableIn(cands, current) {
+		// The holder is out (vetoed, draining, gone): the device moves to
+		// the relay that keeps its standby tunnel, when that one is in.
+		current = standby
+	}
 	i := ranking.Holder(device, region, current, cands)
 	if i < 0 {
 		return Target{}, false
 	}
 	r, _ := m.relays.Get(cands[i].ID)
 	return m.target(r), true
+}
+
+// availableIn reports whether the relay id is among cands and available.
+func availableIn(cands []ranking.Relay, id string) bool {
+	for i := range cands {
+		if cands[i].ID == id {
+			return cands[i].Available
+		}
+	}
+	return false
 }
 
 // Ranked returns the available relays, best first for device: the list an

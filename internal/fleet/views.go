@@ -54,6 +54,7 @@ type DeviceStatus struct {
 	Fresh      bool
 	State      string
 	UpdatedAt  time.Time
+	Standby    string // the relay keeping a standby tunnel for it, "" for none
 }
 
 // DeviceLink is the relay side of a device's path, as an admin sees it.
@@ -141,7 +142,7 @@ func (m *Member) Device(name string) (DeviceLink, error) {
 func (m *Member) deviceStatus(d Attachment, v view) DeviceStatus {
 	s := DeviceStatus{
 		Name: d.Device, RelayID: d.RelayID, AttachedAt: d.AttachedAt, Agents: d.Agents,
-		Protocol: d.Protocol, UpdatedAt: d.UpdatedAt, State: StateOffline,
+		Protocol: d.Protocol, UpdatedAt: d.UpdatedAt, State: StateOffline, Standby: d.Standby,
 	}
 	if d.Agents > 0 {
 		r, ok := m.relays.Get(d.RelayID)

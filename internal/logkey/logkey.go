@@ -48,6 +48,7 @@ const (
 	Spread       = "spread"            // the window a drain spreads its moves over
 	Misses       = "misses"            // missed probes in a row
 	Tunnels      = "tunnels"           // native tunnels
+	Standbys     = "standbys"          // standby tunnels
 	Requests     = "requests"          // requests
 	NativeAgents = "native_agents"     // native agents
 	TopicConns   = "topic_connections" // topic readers and writers

@@ -179,6 +179,10 @@ type Config struct {
 	// streams (package forward), as a relay from before them: every
 	// forward goes over HTTP. For tests of mixed fleets. Default off.
 	NoStreamForward bool
+	// NoStandby makes the relay keep no standby tunnels and name none to
+	// its agents, as a relay from before hot standby did: for tests of
+	// mixed fleets. Default off.
+	NoStandby bool
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration

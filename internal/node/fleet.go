@@ -87,6 +87,9 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.OnChange = n.changes.signal
 	fc.OnShouldDrain = n.onShouldDrain
 	fc.OnMove = fleet.NewFailoverMetrics(n.registry).Observe
+	fc.Standbys = n.tunnels.Standbys
+	fc.OnPromote = n.onPromote
+	fc.OnHandOver = n.handOver
 	n.healthy.Store(true)
 	if n.member, err = fleet.Open(ctx, n.store, fc); err != nil {
 		return fmt.Errorf("join the fleet state: %w", err)
@@ -175,8 +178,11 @@ func (n *Node) cancelDevice(device, reason string, moved bool) {
 func (n *Node) onShouldDrain(draining bool) {
 	if !draining {
 		n.tunnels.StopDraining()
+		n.forgetFlips()
 		return
 	}
-	k := n.tunnels.DrainSessions(n.cfg.DrainSpread, n.movable)
-	n.log.Info("moving this relay's native agents to other relays", logkey.Tunnels, k, logkey.Spread, n.cfg.DrainSpread)
+	n.tunnels.CloseStandbys()
+	flipped := n.flipAll()
+	k := n.tunnels.DrainSessions(n.cfg.DrainSpread, n.drainMovable(n.movable))
+	n.log.Info("moving this relay's native agents to other relays", logkey.Tunnels, k, logkey.Spread, n.cfg.DrainSpread, logkey.Standbys, flipped)
 }

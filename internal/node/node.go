@@ -48,6 +48,8 @@ import (
 
 // Node is a running relay node.
 type Node struct {
+	flipsAsked    sync.Map // device → time.Time: when a drain asked its standby relay to promote (standby.go)
+	promotions    promoter // runs this relay's promotions of standbys (standby.go)
 	cfg           Config
 	log           *slog.Logger
 	store         *store.Store
@@ -278,10 +280,11 @@ func (n *Node) buildServers() {
 	}
 	users = n.fanoutTransport(users)
 	n.publicHandler = relay.NewHandler(relay.Config{
-		Transport:     users,
-		VerifyPeer:    n.verifyPeer,
-		Agents:        agents,
-		Tunnels:       &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, V1Only: n.cfg.TunnelV1Only, Logger: n.log},
+		Transport:  users,
+		VerifyPeer: n.verifyPeer,
+		Agents:     agents,
+		Tunnels: &tunnel.Handler{Pool: n.tunnels, Authorize: n.authorizeAgent, Place: n.placeAgent, Ready: n.ready.Load, V1Only: n.cfg.TunnelV1Only, Logger: n.log,
+			Standby: n.standbyHook(), SelfID: func() string { return n.relayID }},
 		AuthorizeUser: n.authorizeUser,
 		Ready:         func() bool { return n.ready.Load() && !n.draining() },
 		StallTimeout:  n.cfg.IdleStreamTimeout,
@@ -396,7 +399,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok {
 		spread = min(spread, time.Until(d)/3)
 	}
-	agents := n.tunnels.DrainSessions(spread, nil) // the relay goes away whoever takes its agents
+	n.tunnels.CloseStandbys()
+	n.flipAll()
+	agents := n.tunnels.DrainSessions(spread, n.drainMovable(nil)) // the relay goes away whoever takes its agents
 	n.log.Info("relay draining", logkey.Timeout, n.cfg.DrainTimeout, logkey.NativeAgents, agents, logkey.Spread, spread)
 	n.broker.Drain()
 	// Long-poll agents post every response chunk as a new request to the
@@ -453,6 +458,7 @@ func (n *Node) Close() error {
 
 // closeResources closes what openState and listen opened.
 func (n *Node) closeResources() {
+	n.promotions.close()
 	if n.broker != nil {
 		n.broker.Close()
 	}

@@ -72,6 +72,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 		}
 		n.member.Record(fleet.Event{Type: EventRelayVetoed, RelayID: id, DurationMS: float64(after.Microseconds()) / 1000,
 			Message: fmt.Sprintf("relay %s vetoed by %s (%s): %v", id, n.member.ID(), cause, reason)})
+		n.promoteFrom(id, after)
 	}
 	wc.OnClear = func(id string) {
 		n.member.Record(fleet.Event{Type: EventVetoCleared, RelayID: id, Message: fmt.Sprintf("relay %s answers %s again", id, n.member.ID())})
@@ -80,6 +81,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(context.Background())
 	n.stopWatchdog = cancel
 	n.wg.Go(func() { n.watchdog.Run(wctx) })
+	n.wg.Go(func() { n.suggestLoop(wctx) }) // standbys for agents that connected without one
 
 	fr := router.NewFleet(n.peerTLS)
 	fr.Local = &router.Local{Native: n.tunnels, LongPoll: n.broker}
@@ -274,6 +276,7 @@ func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 	})
 	if router.Here(p) {
 		n.noteLost(r, device)
+		n.nameStandby(&p, device)
 	}
 	return p
 }

@@ -158,3 +158,25 @@ func Rank(device, region string, relays []Relay, order []int) []int {
 	}
 	return order
 }
+
+// Standby returns the index in relays of the relay a device held by
+// relays[holder] should keep its standby tunnel at: of the ranking order
+// (Rank's), the first relay other than the holder that is in another
+// region than the holder's, else the first other than the holder: a
+// standby that shares nothing with the holder where the fleet allows it.
+// It returns -1 when order names no other relay.
+func Standby(holder int, relays []Relay, order []int) int {
+	first := -1
+	for _, i := range order {
+		if i == holder {
+			continue
+		}
+		if holder < 0 || relays[i].Region != relays[holder].Region {
+			return i
+		}
+		if first < 0 {
+			first = i
+		}
+	}
+	return first
+}

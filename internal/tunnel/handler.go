@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -35,10 +36,18 @@ type Handler struct {
 	// Ready reports whether the relay takes new tunnels; nil means always.
 	// A draining relay answers 503 so that the agent dials another.
 	Ready func() bool
+	// Standby decides whether this relay keeps a standby tunnel for
+	// device (ProtocolStandby) beside its tunnel on another relay: nil
+	// takes none, as a relay from before hot standby; an error (with an
+	// HTTPStatus() int method) refuses it.
+	Standby func(r *http.Request, device string) error
 	// V1Only makes the endpoint behave as a relay from before version 2:
 	// it takes only "Upgrade: switchboard-tunnel/1" and ignores the
 	// WebSocket offer of version 2. For tests of mixed fleets.
 	V1Only bool
+	// SelfID returns this relay's id, named in a standby's answer;
+	// optional.
+	SelfID func() string
 	Logger *slog.Logger
 }
 
@@ -64,6 +73,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	instance := r.Header.Get(wire.InstanceHeader)
+	if OffersStandby(r) && h.Standby != nil && r.URL.Path != WebSocketPath {
+		h.acceptStandby(w, r, device, agentID, instance)
+		return
+	}
 	var place Placement
 	if h.Place != nil {
 		place = h.Place(r, device)
@@ -103,7 +116,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.log().Warn("tunnel handshake failed", logkey.Device, device, logkey.Err, err)
 			return
 		}
-		h.add(conn, device, agentID, instance, version, services)
+		h.add(conn, device, agentID, instance, version, services, AgentPing(r))
 	default:
 		textError(w, http.StatusBadRequest, fmt.Sprintf("a tunnel opens with 'Connection: Upgrade' and 'Upgrade: %s', or as a websocket on %s", Protocol, WebSocketPath))
 	}
@@ -127,7 +140,40 @@ func (h *Handler) acceptWebSocket(w http.ResponseWriter, r *http.Request, device
 		return // Accept has answered
 	}
 	conn := websocket.NetConn(context.Background(), c, websocket.MessageBinary)
-	h.add(conn, device, agentID, instance, version, services)
+	h.add(conn, device, agentID, instance, version, services, AgentPing(r))
+}
+
+// acceptStandby takes a standby tunnel: no placement, no redirect; the
+// session waits apart from the tunnels until the relay promotes it.
+func (h *Handler) acceptStandby(w http.ResponseWriter, r *http.Request, device, agentID, instance string) {
+	if err := h.Standby(r, device); err != nil {
+		if httperr.StatusOf(err, http.StatusConflict) == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		textError(w, httperr.StatusOf(err, http.StatusConflict), err.Error())
+		return
+	}
+	services, err := h.services(r, V2)
+	if err != nil {
+		textError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	conn, err := acceptVersion(w, Placement{RelayID: h.selfID()}, standbyVersion)
+	if err != nil {
+		h.log().Warn("standby handshake failed", logkey.Device, device, logkey.Err, err)
+		return
+	}
+	if _, err := h.Pool.AddStandby(conn, device, agentID, instance, services, AgentPing(r)); err != nil {
+		h.log().Info("standby dropped", logkey.Device, device, logkey.Instance, instance, logkey.Err, err)
+	}
+}
+
+// selfID is this relay's id as placement knows it, for a standby's answer.
+func (h *Handler) selfID() string {
+	if h.SelfID != nil {
+		return h.SelfID()
+	}
+	return ""
 }
 
 // services reads the services a version 2 agent announced.
@@ -142,11 +188,14 @@ func (h *Handler) services(r *http.Request, version int) (map[string]service.Ann
 	return service.ParseAnnouncement(v)
 }
 
-func (h *Handler) add(conn net.Conn, device, agentID, instance string, version int, services map[string]service.Announced) {
+func (h *Handler) add(conn net.Conn, device, agentID, instance string, version int, services map[string]service.Announced, agentPing time.Duration) {
 	var err error
-	if version == V2 {
+	switch {
+	case version == V2 && agentPing > 0:
+		_, err = h.Pool.AddV2Paced(conn, device, agentID, instance, services, agentPing)
+	case version == V2:
 		_, err = h.Pool.AddV2(conn, device, agentID, instance, services)
-	} else {
+	default:
 		_, err = h.Pool.Add(conn, device, agentID, instance)
 	}
 	if err != nil {

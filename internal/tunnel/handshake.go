@@ -47,6 +47,14 @@ const Protocol = "switchboard-tunnel/1"
 // version 1 alone.
 const ProtocolV2 = "switchboard-tunnel/2"
 
+// ProtocolStandby names, in the Upgrade header, a standby tunnel: a
+// version 2 session that the relay keeps beside the device's tunnel on
+// another relay, without taking the device or any request, until it
+// promotes it (see docs/design/hot-standby.md). A relay from before hot
+// standby does not know the token and refuses the offer, so it never
+// takes a standby for a tunnel.
+const ProtocolStandby = "switchboard-standby/2"
+
 // Tunnel versions, as Version reports them.
 const (
 	V1 = 1
@@ -86,6 +94,9 @@ type DialConfig struct {
 	// offer (service.Announce).
 	Version  int
 	Services string
+	// Standby offers a standby tunnel (ProtocolStandby) instead of a
+	// tunnel; Version is then V2.
+	Standby bool
 }
 
 // Dial opens a tunnel connection: a TCP (or TLS) connection upgraded to the
@@ -164,6 +175,10 @@ func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, err
 		req.Header.Set("Upgrade", ProtocolV2+", "+Protocol)
 		req.Header.Set(ServicesHeader, cfg.Services)
 	}
+	if cfg.Standby {
+		req.Header.Set("Upgrade", ProtocolStandby)
+		req.Header.Set(ServicesHeader, cfg.Services)
+	}
 	if cfg.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+cfg.Token)
 	}
@@ -177,13 +192,17 @@ func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, err
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		switch got := resp.Header.Get("Upgrade"); {
+		case cfg.Standby:
+			if strings.EqualFold(got, ProtocolStandby) {
+				return &placedConn{Conn: withBuffered(conn, br), placed: placedFrom(resp.Header), version: V2}, nil
+			}
 		case strings.EqualFold(got, Protocol):
 			return &placedConn{Conn: withBuffered(conn, br), placed: placedFrom(resp.Header), version: V1}, nil
 		case strings.EqualFold(got, ProtocolV2) && cfg.Version >= V2:
 			return &placedConn{Conn: withBuffered(conn, br), placed: placedFrom(resp.Header), version: V2}, nil
 		}
 	}
-	if resp.StatusCode == http.StatusTemporaryRedirect {
+	if resp.StatusCode == http.StatusTemporaryRedirect && !cfg.Standby {
 		resp.Body.Close()
 		return nil, redirectFrom(resp)
 	}
@@ -194,6 +213,8 @@ func handshake(conn net.Conn, cfg DialConfig, header http.Header) (net.Conn, err
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return nil, fmt.Errorf("%w: %s", ErrRefused, detail)
 	case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusBadRequest, http.StatusNotImplemented, http.StatusSwitchingProtocols:
+		return nil, fmt.Errorf("%w: %s", ErrNotSupported, detail)
+	case http.StatusTemporaryRedirect: // a standby offer to a relay from before hot standby
 		return nil, fmt.Errorf("%w: %s", ErrNotSupported, detail)
 	default:
 		return nil, fmt.Errorf("tunnel handshake: %s", detail)
@@ -217,8 +238,20 @@ func Offered(r *http.Request) int {
 	return 0
 }
 
+// OffersStandby reports whether r opens a standby tunnel.
+func OffersStandby(r *http.Request) bool {
+	return r.Method == http.MethodGet && headerHasToken(r.Header, "Upgrade", ProtocolStandby) && headerHasToken(r.Header, "Connection", "upgrade")
+}
+
+// standbyVersion is the pseudo-version acceptVersion answers a standby
+// offer with: a version 2 session under ProtocolStandby.
+const standbyVersion = -V2
+
 // protocolName returns the Upgrade token of version v.
 func protocolName(v int) string {
+	if v == standbyVersion {
+		return ProtocolStandby
+	}
 	if v == V2 {
 		return ProtocolV2
 	}
@@ -247,6 +280,9 @@ func acceptVersion(w http.ResponseWriter, p Placement, v int) (net.Conn, error) 
 	}
 	if list := FormatRelays(p.Relays); list != "" {
 		extra += RelaysHeader + ": " + list + "\r\n"
+	}
+	if p.Standby != "" && validHeaderToken(p.Standby) {
+		extra += StandbyHeader + ": " + p.Standby + "\r\n"
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {

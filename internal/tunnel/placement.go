@@ -29,6 +29,10 @@ const (
 	// RedirectedHeader marks a handshake that follows a redirect: the relay
 	// takes the agent rather than sending it on again.
 	RedirectedHeader = "X-Switchboard-Redirected"
+	// StandbyHeader names, in the answer of a relay that took a tunnel,
+	// the id of the relay the agent should keep a standby tunnel to (one
+	// of RelaysHeader's); absent, the agent keeps none.
+	StandbyHeader = "X-Switchboard-Standby"
 )
 
 // Placement is a relay's answer to "where should this agent be".
@@ -44,6 +48,9 @@ type Placement struct {
 	// Refuse, when set, turns the agent away with 503 and this message
 	// (and Retry-After), to try again elsewhere; Redirect is then unused.
 	Refuse string
+	// Standby is the id of the relay the agent should keep a standby
+	// tunnel to, for an agent taken here; "" for none.
+	Standby string
 }
 
 // RelayAddr is one relay of the fleet as an agent knows it.
@@ -101,6 +108,7 @@ func (e *RedirectError) Error() string {
 type Placed struct {
 	RelayID string
 	Relays  []RelayAddr
+	Standby string // the relay to keep a standby tunnel to, or ""
 }
 
 // RedirectFromResponse turns a 307 answer to a websocket tunnel handshake
@@ -112,7 +120,11 @@ func PlacedFromHeader(h http.Header) Placed { return placedFrom(h) }
 
 // placedFrom reads a successful handshake's answer.
 func placedFrom(h http.Header) Placed {
-	return Placed{RelayID: h.Get(RelayIDHeader), Relays: ParseRelays(h.Get(RelaysHeader))}
+	p := Placed{RelayID: h.Get(RelayIDHeader), Relays: ParseRelays(h.Get(RelaysHeader))}
+	if sb := h.Get(StandbyHeader); validHeaderToken(sb) {
+		p.Standby = sb
+	}
+	return p
 }
 
 // redirectFrom turns a 307 answer into a *RedirectError.
@@ -132,4 +144,19 @@ func IsRedirect(err error) (*RedirectError, bool) {
 	var re *RedirectError
 	ok := errors.As(err, &re)
 	return re, ok
+}
+
+// validHeaderToken reports whether v, a relay id, is short and plain
+// enough to travel in a header and a stream's metadata.
+func validHeaderToken(v string) bool {
+	if v == "" || len(v) > 64 {
+		return false
+	}
+	for i := range len(v) {
+		c := v[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
 }

@@ -60,6 +60,7 @@ type Session struct {
 	c        carrier
 	inflight atomic.Int64
 	draining atomic.Bool // asked to finish its streams and go (GOAWAY)
+	paced    bool        // its agent announced its ping interval (PingHeader), so knows hot standby
 	pool     *Pool
 	done     chan struct{} // closed when the connection has died
 	gone     bool          // taken out of the pool; guarded by pool.mu
@@ -180,12 +181,14 @@ type Pool struct {
 
 	connects atomic.Int64                             // sessions ever added
 	busy     atomic.Int64                             // requests refused with a BusyError
+	promoted atomic.Int64                             // standby tunnels promoted (standby.go)
 	drainFor atomic.Int64                             // while > 0, the window in which new sessions are sent on too
 	movable  atomic.Pointer[func(device string) bool] // DrainSessions' check; see there
 
 	mu      sync.Mutex // guards the fields below
 	devices map[string][]*Session
-	turn    int // rotates the first choice among equally loaded sessions
+	turn    int                   // rotates the first choice among equally loaded sessions
+	standby map[string][]*Session // standby tunnels by device, apart until promoted (standby.go)
 }
 
 // NewPool returns an empty pool whose sessions use liveness.
@@ -381,6 +384,13 @@ func (p *Pool) CloseAgent(agentID string) int {
 			}
 		}
 	}
+	for _, ss := range p.standby {
+		for _, s := range ss {
+			if s.AgentID == agentID {
+				list = append(list, s)
+			}
+		}
+	}
 	p.mu.Unlock()
 	for _, s := range list {
 		s.Close()
@@ -499,11 +509,14 @@ func (p *Pool) Sessions() int {
 	return n
 }
 
-// Close closes every session.
+// Close closes every session, standbys included.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	var all []*Session
 	for _, l := range p.devices {
+		all = append(all, l...)
+	}
+	for _, l := range p.standby {
 		all = append(all, l...)
 	}
 	p.mu.Unlock()
@@ -667,6 +680,7 @@ func (p *Pool) RegisterMetrics(reg prometheus.Registerer) {
 		Help: "Native agent tunnels connected to this relay.",
 	}, func() float64 { return float64(p.Sessions()) }))
 	p.registerStreamMetrics(reg)
+	p.registerStandbyMetrics(reg)
 }
 
 // onlyWriter hides a writer's ReadFrom from io.Copy.

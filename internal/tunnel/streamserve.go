@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/flows"
 	"github.com/switchboard-relay/switchboard/internal/mux"
@@ -30,33 +31,61 @@ type DialService func(ctx context.Context, name string) (net.Conn, error)
 // l.Interval of silence and gives the relay up after l.Interval+l.Timeout.
 // ServeStreams returns once every stream has ended.
 func ServeStreams(ctx context.Context, conn net.Conn, l Liveness, dial DialService) {
-	ServeStreamsAway(ctx, conn, l, dial, nil)
+	ServeStreamsWith(ctx, conn, l, dial, StreamOptions{})
 }
 
-// ServeStreamsAway serves as ServeStreams does, and calls away (when not
-// nil) once the relay sends GOAWAY: the relay drains and opens no more
-// streams here, so that the agent may connect to another relay at once
-// while the streams open here (long TCP connections) run on to their end.
-func ServeStreamsAway(ctx context.Context, conn net.Conn, l Liveness, dial DialService, away func()) {
+// ServeStreamsUntil is ServeStreams, retiring the tunnel when retire is
+// closed: it tells the relay to open no more streams here (GOAWAY) and
+// closes the connection once the streams in flight have ended, or when
+// the relay falls silent. An agent retires its old tunnel so when the
+// fleet promoted its standby.
+func ServeStreamsUntil(ctx context.Context, conn net.Conn, l Liveness, dial DialService, retire <-chan struct{}) {
+	ServeStreamsWith(ctx, conn, l, dial, StreamOptions{Retire: retire})
+}
+
+// StreamOptions are ServeStreamsWith's options beyond ServeStreams'.
+type StreamOptions struct {
+	// Retire, when closed, retires the tunnel (see ServeStreamsUntil).
+	Retire <-chan struct{}
+	// Away, when set, is called once the relay sends GOAWAY: the relay
+	// drains and opens no more streams here, so that the agent may
+	// connect to another relay at once while the streams open here (long
+	// TCP connections) run on to their end.
+	Away func()
+	// Fast, when set, is asked every Quick.Interval whether the tunnel
+	// should be watched as Quick says rather than as the Liveness given:
+	// while it says yes, the agent pings every Quick.Interval and gives the
+	// relay up when an answer takes over Quick.Timeout. An agent whose
+	// standby tunnel is down watches its tunnel so, since no relay would
+	// move its device meanwhile.
+	Fast  func() bool
+	Quick Liveness
+}
+
+// ServeStreamsWith is ServeStreams with o.
+func ServeStreamsWith(ctx context.Context, conn net.Conn, l Liveness, dial DialService, o StreamOptions) {
 	l = l.WithDefaults()
 	ms := mux.New(conn, mux.Config{Client: true, MaxWindow: MaxWindow, PingAfter: l.Interval, DeadAfter: l.Interval + l.Timeout})
 	stop := context.AfterFunc(ctx, func() { ms.Close() })
 	defer stop()
-	if away != nil {
-		watching := make(chan struct{})
-		defer func() { <-watching }()
-		go func() {
-			defer close(watching)
-			select {
-			case <-ms.PeerGoneAway():
-				away()
-			case <-ms.Done():
-			}
-		}()
-	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer ms.Close()
+	if o.Retire != nil {
+		wg.Go(func() { retireWhen(ms, o.Retire) })
+	}
+	if o.Fast != nil {
+		wg.Go(func() { pingWhile(ms, o.Fast, o.Quick.WithDefaults()) })
+	}
+	if o.Away != nil {
+		wg.Go(func() {
+			select {
+			case <-ms.PeerGoneAway():
+				o.Away()
+			case <-ms.Done():
+			}
+		})
+	}
 	for {
 		st, err := ms.Accept()
 		if err != nil {
@@ -64,6 +93,51 @@ func ServeStreamsAway(ctx context.Context, conn net.Conn, l Liveness, dial DialS
 		}
 		wg.Add(1)
 		go serveStream(ctx, st, dial, wg.Done)
+	}
+}
+
+// retireWhen sends GOAWAY on ms when retire is closed, then closes ms
+// when its streams have ended. It returns when ms has ended.
+func retireWhen(ms *mux.Session, retire <-chan struct{}) {
+	select {
+	case <-retire:
+	case <-ms.Done():
+		return
+	}
+	ms.GoAway(0)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for ms.NumStreams() > 0 {
+		select {
+		case <-ms.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	ms.Close()
+}
+
+// pingWhile pings ms every q.Interval while fast says so, and closes it
+// when an answer takes over q.Timeout. It returns when ms has ended.
+func pingWhile(ms *mux.Session, fast func() bool, q Liveness) {
+	tick := time.NewTicker(q.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ms.Done():
+			return
+		case <-tick.C:
+		}
+		if !fast() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), q.Timeout)
+		_, err := ms.Ping(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			ms.Close() // the relay fell silent
+			return
+		}
 	}
 }
 

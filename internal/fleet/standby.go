@@ -1,0 +1,156 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/ranking"
+)
+
+// SubjectPromote carries a holder's request that the relay keeping a
+// device's standby tunnel promote it (a drain); every relay listens.
+const SubjectPromote = "switchboard.fleet.promote"
+
+// promoteMsg asks RelayID, which keeps a standby for Device, to promote
+// it; By is the holder asking.
+type promoteMsg struct {
+	Device  string `json:"device"`
+	RelayID string `json:"relay_id"`
+	By      string `json:"by"`
+}
+
+// Entry returns device's directory entry as this relay's mirror holds it.
+func (m *Member) Entry(device string) (Attachment, bool) {
+	return m.devices.Get(deviceKey(device))
+}
+
+// Standby returns the relay a device held here should keep its standby
+// tunnel at (ranking.Standby over the available relays, vetoed leaving
+// some out); ok is false when no other relay is available.
+func (m *Member) Standby(device, region string, vetoed func(id string) bool) (Target, bool) {
+	v := m.view(time.Now())
+	var cands []ranking.Relay
+	var relays []Relay
+	holder := -1
+	for _, r := range m.relays.All() {
+		st := v.state(r, vetoed, "")
+		if r.ID == m.cfg.RelayID {
+			holder = len(cands)
+		}
+		cands = append(cands, ranking.Relay{ID: r.ID, Region: r.Region, Available: st.Available(), Load: m.loads.of(r.ID), Capacity: r.MaxForward})
+		relays = append(relays, r)
+	}
+	order := ranking.Rank(device, region, cands, make([]int, 0, len(cands)))
+	i := ranking.Standby(holder, cands, order)
+	if i < 0 || len(relays[i].Addresses) == 0 {
+		return Target{}, false
+	}
+	return m.target(relays[i]), true
+}
+
+// ClaimPromoted records in the directory that this relay holds device,
+// whose standby tunnels here (agents of them) it is about to promote: the
+// move is written before any request goes there, and the old holder is
+// asked to hand the device over. An error means nothing moved, and the
+// standby must stay one.
+func (m *Member) ClaimPromoted(ctx context.Context, device string, agents int) error {
+	_, err := m.attach(ctx, device, Presence{Agents: agents, Protocol: "native"}, true)
+	return err
+}
+
+// AskPromote asks relay standby to promote its standby tunnel of device
+// here, the device's holder. It does not wait; a relay that misses it
+// keeps its standby, and the device's agent moves as a drain moves it.
+func (m *Member) AskPromote(device, standby string) {
+	data, err := json.Marshal(promoteMsg{Device: device, RelayID: standby, By: m.cfg.RelayID})
+	if err == nil {
+		err = m.st.Conn().Publish(SubjectPromote, data)
+	}
+	if err != nil {
+		m.log.Debug("could not ask a relay to promote a standby", logkey.Device, device, logkey.RelayID, standby, logkey.Err, err)
+	}
+}
+
+// subscribePromotes delivers promote requests meant for this relay to
+// Config.OnPromote.
+func (m *Member) subscribePromotes() (*nats.Subscription, error) {
+	return m.st.Conn().Subscribe(SubjectPromote, func(msg *nats.Msg) {
+		var p promoteMsg
+		if err := json.Unmarshal(msg.Data, &p); err != nil || p.Device == "" || !ValidRelayID(p.By) {
+			m.log.Warn("ignoring a malformed promote request", logkey.Err, err)
+			return
+		}
+		if p.RelayID == m.cfg.RelayID {
+			m.cfg.OnPromote(p.Device, p.By)
+		}
+	})
+}
+
+// reconcileStandbys records this relay in the directory as the standby of
+// each device it keeps a standby tunnel for while another relay holds the
+// device, and clears the mark of those it no longer keeps one for.
+func (m *Member) reconcileStandbys(ctx context.Context) error {
+	kept := m.cfg.Standbys()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs []error
+	for dev := range kept {
+		entry, ok := m.devices.Get(deviceKey(dev))
+		if !ok || entry.RelayID == m.cfg.RelayID || entry.Standby == m.cfg.RelayID {
+			continue
+		}
+		if err := m.markStandby(ctx, dev, true); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.standbys[dev] = true
+	}
+	for dev := range m.standbys {
+		if kept[dev] > 0 {
+			continue
+		}
+		if err := m.markStandby(ctx, dev, false); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(m.standbys, dev)
+	}
+	return errors.Join(errs...)
+}
+
+// markStandby sets (on) or clears this relay as device's standby, by
+// compare-and-set: it is set only while another relay holds the device,
+// and cleared only while it names this relay.
+func (m *Member) markStandby(ctx context.Context, device string, on bool) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	self := m.cfg.RelayID
+	_, err := updateFrom(ctx, m.devsKV, deviceKey(device), hint(m.devices, deviceKey(device)), func(cur Attachment, found bool) (Attachment, bool, error) {
+		switch {
+		case !found:
+			return cur, false, nil
+		case on && cur.RelayID != self && cur.Standby != self:
+			cur.Standby = self
+		case !on && cur.Standby == self:
+			cur.Standby = ""
+		default:
+			return cur, false, nil
+		}
+		cur.UpdatedAt = now()
+		return cur, true, nil
+	})
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("standby %s: %w", device, err)
+	}
+	return nil
+}
