@@ -289,6 +289,7 @@ func (p *Pool) HandOver(device string, grace time.Duration) int {
 	until := time.Now().Add(grace)
 	return p.eachLive(device, func(s *Session) {
 		s.draining.Store(true)
+		s.goes() // streams spliced onto it from other relays are retired, as on a drain
 		handOverTick(s, until)
 	})
 }
