@@ -64,9 +64,10 @@ var (
 	// ids can name; open a new session.
 	ErrStreamsExhausted = errors.New("mux: stream ids exhausted")
 
-	// errHandOff, from a read, means that the reader should wait for the
-	// next bytes in a fresh goroutine (see Session.readLoop).
-	errHandOff = errors.New("mux: the reader hands off to a fresh goroutine")
+	// errIdle, from a read, means that the socket is empty and the
+	// session idle: the reader parks it, or waits for the next bytes in a
+	// fresh goroutine (see Session.readLoop).
+	errIdle = errors.New("mux: the session is idle")
 )
 
 // OpenError is a failure to open a stream (Session.Open): nothing of it

@@ -17,11 +17,20 @@ type rawReader struct {
 	raw   syscall.RawConn
 	fn    func(fd uintptr) bool
 	sizes readSize
-	// idle, if set, is asked when a read would wait holding no buffer
-	// after this goroutine read something: true makes the read return
-	// errHandOff, so that another goroutine waits (see Session.readLoop).
-	idle  func() bool
-	read1 bool // this goroutine has read something
+	// idle, if set, is asked when a read would wait holding no buffer:
+	// true makes the read return errIdle, and the reader parks the session
+	// (see park_linux.go), or, if it cannot (noPark), waits in a fresh
+	// goroutine after this one read something (see Session.readLoop).
+	idle   func() bool
+	read1  bool // this goroutine has read something
+	noPark bool // parking failed: wait in the runtime's poller
+
+	// Parking's, guarded by parking.mu: the socket is registered with the
+	// epoll instance (perhaps disabled by its last event), under which
+	// number, and whether the session ended (no park after that).
+	registered bool
+	closed     bool
+	parkID     uint64
 
 	// The read in progress: the buffer (nil: none held), where to read
 	// into it, and the outcome.
@@ -64,8 +73,8 @@ func (r *rawReader) attempt(fd uintptr) bool {
 			if r.w == 0 {
 				putChunk(r.buf) // hold no buffer while the connection is idle
 				r.buf = nil
-				if r.read1 && r.idle != nil && r.idle() {
-					r.n, r.err = 0, errHandOff
+				if r.idle != nil && (r.read1 || !r.noPark) && r.idle() {
+					r.n, r.err = 0, errIdle
 					return true
 				}
 			}

@@ -9,7 +9,14 @@ import (
 
 // rawReader is Linux-only; elsewhere a session reads through the net.Conn
 // and keeps its read buffer.
-type rawReader struct{ idle func() bool }
+type rawReader struct {
+	idle   func() bool
+	noPark bool
+}
+
+// Sessions are parked on Linux only.
+func (*Session) park() bool   { return false }
+func (*Session) unpark() bool { return false }
 
 func newRawReader(net.Conn) *rawReader { return nil }
 

@@ -5,14 +5,22 @@ import (
 )
 
 // readLoop reads and acts on frames until the connection fails or the
-// session ends. A session that has carried no stream for a while waits
-// for its next bytes in a fresh goroutine, which takes over from the one
-// that read the last: an idle session so holds one goroutine whose stack
-// is small, where the reader would keep the stack it grew acting on
-// frames (until the runtime shrinks it, if it ever does).
+// session ends. A session that has carried no stream for a while holds no
+// goroutine while its socket is empty: on Linux it is parked (see
+// park_linux.go), and its reader starts again in a fresh goroutine when
+// bytes come; the reading WaitGroup counts the reader as running while
+// it is parked. Where it cannot be parked, it waits for its next bytes in
+// a fresh goroutine, which takes over from the one that read the last: an
+// idle session so holds one goroutine whose stack is small, where the
+// reader would keep the stack it grew acting on frames (until the runtime
+// shrinks it, if it ever does).
 func (s *Session) readLoop() {
 	err := s.readFrames()
-	if err == errHandOff {
+	if err == errIdle {
+		if !s.raw.noPark && s.park() {
+			return
+		}
+		s.raw.noPark = true
 		go s.readLoop()
 		return
 	}

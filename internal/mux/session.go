@@ -15,7 +15,9 @@
 //     is started only to send control frames when no one is writing.
 //   - Memory only while bytes move. Unread bytes sit in pooled chunks; an
 //     idle session over TCP on Linux holds no read buffer, since it waits
-//     for the socket to become readable before taking one.
+//     for the socket to become readable before taking one, and no
+//     goroutine: one goroutine of the process's waits for the sockets of
+//     all of them (see park_linux.go).
 //   - Flow control per stream: a stream starts with InitialWindow of
 //     credit, and the receiver grants more as the application reads. The
 //     window grows, up to Config.MaxWindow, when the session measures a
@@ -319,7 +321,9 @@ func (s *Session) LocalAddr() net.Addr  { return s.conn.LocalAddr() }
 func (s *Session) RemoteAddr() net.Addr { return s.conn.RemoteAddr() }
 
 // Close ends the session and every stream on it, and closes the
-// connection. It waits for the reading goroutine to return.
+// connection. It waits for the reading goroutine to return. The session
+// owns the connection: closing it otherwise leaves a parked session
+// waiting until Close.
 func (s *Session) Close() error {
 	s.fail(ErrSessionClosed)
 	s.reading.Wait()
@@ -344,6 +348,7 @@ func (s *Session) fail(err error) {
 	s.after = nil
 	s.mu.Unlock()
 	close(s.done)
+	parked := s.unpark() // before the socket is closed, while its number names it
 	s.conn.Close()
 	s.w.fail(err)
 	for _, st := range streams {
@@ -351,6 +356,9 @@ func (s *Session) fail(err error) {
 	}
 	for _, f := range after {
 		go f()
+	}
+	if parked {
+		s.reading.Done() // the reader ends here, as it would on its read's error
 	}
 }
 
@@ -410,7 +418,8 @@ func (s *Session) addLocked(st *Stream) {
 	s.streamAt = clock()
 }
 
-// handOffAfter is how long a session carries no stream before its reader
+// handOffAfter is how long a session carries no stream before a read
+// that finds its socket empty parks it, or where it cannot, its reader
 // waits in a fresh goroutine after each read (see readLoop): long enough
 // that a session serving requests one after another keeps its reader.
 var handOffAfter = time.Second
