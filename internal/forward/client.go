@@ -472,19 +472,7 @@ func (r *route) roundTrip(req *http.Request) (*http.Response, error) {
 		// The holder fetches a shared stream once for the fleet.
 		return nil, fmt.Errorf("%w: %s is shared by the device's viewers", ErrUnavailable, req.URL.Path)
 	}
-	out := req.WithContext(req.Context()) // a shallow copy: the URL and Host change
-	u := *req.URL
-	u.Scheme, u.Host = "http", "service"
-	if g.svc.Path != "" {
-		u.RawPath = g.svc.Path + req.URL.EscapedPath()
-		u.Path = g.path + req.URL.Path
-	}
-	out.URL = &u
-	if g.svc.Host != "" {
-		out.Host = g.svc.Host
-	} else if out.Host == "" {
-		out.Host = req.URL.Host
-	}
+	out := g.svc.Outgoing(req, g.path)
 	var body *heldBody
 	if req.Body != nil && req.Body != http.NoBody {
 		body = &heldBody{ReadCloser: req.Body}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -151,6 +152,28 @@ type Announced struct {
 	// Passthrough, for TCP, says the device's owner lets anyone reach the
 	// service by TLS passthrough, with no credential.
 	Passthrough bool `json:"passthrough,omitempty"`
+}
+
+// Outgoing returns a shallow copy of req addressed to the announced HTTP
+// service a: its path behind a's Path (path is a.Path unescaped, the
+// caller's once-parsed copy), and its Host a's when a names one, else the
+// user's (req.URL.Host when the request has none). The URL's scheme and
+// host are placeholders: the stream, not the URL, says where it goes.
+func (a Announced) Outgoing(req *http.Request, path string) *http.Request {
+	out := req.WithContext(req.Context()) // a shallow copy: the URL and Host change
+	u := *req.URL
+	u.Scheme, u.Host = "http", "service"
+	if a.Path != "" {
+		u.RawPath = a.Path + req.URL.EscapedPath()
+		u.Path = path + req.URL.Path
+	}
+	out.URL = &u
+	if a.Host != "" {
+		out.Host = a.Host
+	} else if out.Host == "" {
+		out.Host = req.URL.Host
+	}
+	return out
 }
 
 // Limits of an announcement, so that a relay reads it in bounded memory.

@@ -163,19 +163,7 @@ func (c *muxCarrier) roundTrip(req *http.Request) (*http.Response, error) {
 	if !c.ok {
 		return nil, fmt.Errorf("device %q: %w", c.device, ErrNoHTTPService)
 	}
-	out := req.WithContext(req.Context()) // a shallow copy: the URL and Host change
-	u := *req.URL
-	u.Scheme, u.Host = "http", "service"
-	if c.svc.Path != "" {
-		u.RawPath = c.svc.Path + req.URL.EscapedPath()
-		u.Path = c.path + req.URL.Path
-	}
-	out.URL = &u
-	if c.svc.Host != "" {
-		out.Host = c.svc.Host
-	} else if out.Host == "" {
-		out.Host = req.URL.Host
-	}
+	out := c.svc.Outgoing(req, c.path)
 	var resp *http.Response
 	var err error
 	if c.h2 != nil && upgradeType(req.Header) == "" {
