@@ -35,10 +35,12 @@ const (
 	// native tunnel's pings for an agent that keeps a standby tunnel: the
 	// fleet's watchdog, not the agent, notices a frozen relay then, and
 	// the agent pings only to notice a relay it cannot reach itself, within
-	// 15 s. An agent without one (--websocket, --tunnel-version 1,
+	// 35 s, and to keep the path's NAT and balancer mappings alive (the
+	// long-poll protocol's agents re-poll every 30 s, which such paths
+	// bear). An agent without one (--websocket, --tunnel-version 1,
 	// NoStandby) pings as tunnel.Liveness's defaults say.
-	DefaultStandbyPingInterval = 10 * time.Second
-	DefaultStandbyPingTimeout  = 5 * time.Second
+	DefaultStandbyPingInterval = 25 * time.Second
+	DefaultStandbyPingTimeout  = 10 * time.Second
 )
 
 // Config configures an agent. Zero fields take the defaults named on them.

@@ -21,8 +21,8 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultInterval = 250 * time.Millisecond
-	DefaultTimeout  = 400 * time.Millisecond
+	DefaultInterval = 100 * time.Millisecond
+	DefaultTimeout  = 250 * time.Millisecond
 	DefaultMisses   = 2
 	DefaultVetoTTL  = 30 * time.Second
 )
@@ -35,9 +35,12 @@ type Peer struct {
 
 // Config configures a Watchdog. Zero fields take the defaults named on them.
 type Config struct {
-	// Interval between the starts of two probes of a peer. Default 250 ms.
+	// Interval between the starts of two probes of a peer. Default 100 ms.
 	Interval time.Duration
-	// Timeout caps one probe. Default 400 ms.
+	// Timeout caps one probe of a peer that answers quickly. Default
+	// 250 ms. A peer's own round trips stretch it (see timeoutFor): a
+	// relay in another region, whose answers take 200 ms, is given what
+	// its round trips say it needs rather than vetoed for the distance.
 	Timeout time.Duration
 	// Misses in a row veto a peer. Default 2.
 	Misses int
@@ -90,6 +93,42 @@ type peerState struct {
 	misses    int
 	firstMiss time.Time
 	vetoUntil time.Time
+	// The peer's answered probes' round trips, smoothed as TCP smooths
+	// its own (RFC 6298): the mean and the mean deviation; answered
+	// counts them.
+	srtt, rttvar time.Duration
+	answered     int
+}
+
+// timeoutFor is how long a probe of a peer in state s may take: Timeout,
+// or for a peer whose probes take long (a distant region) three of its
+// smoothed round trips plus four deviations, if that is more; and until
+// the peer first answered, four Timeouts, so that a peer far away is
+// measured before its distance can veto it. It never exceeds
+// maxTimeoutFactor Timeouts.
+func (c *Config) timeoutFor(s *peerState) time.Duration {
+	if s.answered == 0 {
+		return 4 * c.Timeout
+	}
+	return min(max(c.Timeout, 3*s.srtt+4*s.rttvar), maxTimeoutFactor*c.Timeout)
+}
+
+// maxTimeoutFactor bounds a probe's timeout, in Timeouts.
+const maxTimeoutFactor = 8
+
+// sample records a probe answered in rtt.
+func (s *peerState) sample(rtt time.Duration) {
+	if s.answered == 0 {
+		s.srtt, s.rttvar = rtt, rtt/2
+	} else {
+		d := s.srtt - rtt
+		if d < 0 {
+			d = -d
+		}
+		s.rttvar = (3*s.rttvar + d) / 4
+		s.srtt = (7*s.srtt + rtt) / 8
+	}
+	s.answered++
 }
 
 // Watchdog probes peers and keeps the veto set. It is safe for concurrent use.
@@ -169,7 +208,8 @@ func (w *Watchdog) Run(ctx context.Context) {
 		w.forget(peers)
 		// Probes overlap when a peer is slow: each tick starts one, so a
 		// frozen peer misses once per interval after its first timeout,
-		// and at most Timeout/Interval+1 probes of it are ever in flight.
+		// and at most one probe's timeout (see timeoutFor) over Interval, plus
+		// one, are ever in flight.
 		for _, p := range peers {
 			wg.Go(func() { w.probe(ctx, p) })
 		}
@@ -178,7 +218,11 @@ func (w *Watchdog) Run(ctx context.Context) {
 
 // probe checks one peer and records the outcome.
 func (w *Watchdog) probe(ctx context.Context, p Peer) {
-	pctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+	w.mu.Lock()
+	timeout := w.cfg.timeoutFor(w.state(p.ID))
+	w.mu.Unlock()
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	err := w.cfg.Probe(pctx, p)
 	if err == nil && pctx.Err() != nil {
 		err = pctx.Err()
@@ -191,6 +235,7 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 	w.mu.Lock()
 	s := w.state(p.ID)
 	if err == nil {
+		s.sample(now.Sub(start))
 		vetoed := now.Before(s.vetoUntil)
 		s.misses, s.vetoUntil = 0, time.Time{}
 		w.mu.Unlock()
@@ -201,7 +246,7 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 		return
 	}
 	if s.misses == 0 {
-		s.firstMiss = now.Add(-w.cfg.Timeout) // the probe began before it missed
+		s.firstMiss = start // the probe began before it missed
 		if !errors.Is(err, context.DeadlineExceeded) {
 			s.firstMiss = now
 		}

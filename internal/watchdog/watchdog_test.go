@@ -27,8 +27,9 @@ func elapse(d time.Duration) { <-time.After(d) }
 // fakePeers is a set of peers whose probes the test controls.
 type fakePeers struct {
 	mu     sync.Mutex
-	down   map[string]bool // probe fails at once (refused)
-	frozen map[string]bool // probe hangs until its deadline
+	down   map[string]bool          // probe fails at once (refused)
+	frozen map[string]bool          // probe hangs until its deadline
+	slow   map[string]time.Duration // probe answers after this long (a distant peer)
 	vetoes []vetoRecord
 	clears []string
 }
@@ -47,8 +48,15 @@ func (f *fakePeers) set(m map[string]bool, id string, v bool) {
 
 func (f *fakePeers) probe(ctx context.Context, p Peer) error {
 	f.mu.Lock()
-	down, frozen := f.down[p.ID], f.frozen[p.ID]
+	down, frozen, slow := f.down[p.ID], f.frozen[p.ID], f.slow[p.ID]
 	f.mu.Unlock()
+	if slow > 0 {
+		select {
+		case <-time.After(slow):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	switch {
 	case frozen:
 		<-ctx.Done()
@@ -133,7 +141,7 @@ func TestMissesVetoThenProbeClears(t *testing.T) {
 func TestFrozenPeerVetoedByTimeouts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
-		w := newWatched(f, Config{}) // defaults: 250 ms, 400 ms, 2 misses
+		w := newWatched(f, Config{}) // defaults: 100 ms, 250 ms, 2 misses
 		stop := run(t, w)
 		defer stop()
 		elapse(time.Second)
@@ -144,10 +152,80 @@ func TestFrozenPeerVetoedByTimeouts(t *testing.T) {
 		}
 		took := time.Since(froze)
 		t.Logf("frozen peer vetoed after %s", took)
-		if took > time.Second {
-			t.Errorf("a frozen peer took %s to veto with the defaults, want ≤ 1 s", took)
+		// The first probe to hang starts within an interval, the second an
+		// interval later, and the veto comes when it times out.
+		if limit := 2*DefaultInterval + DefaultTimeout + 10*time.Millisecond; took > limit { // the loop looks every 10 ms
+			t.Errorf("a frozen peer took %s to veto with the defaults, want ≤ %s", took, limit)
 		}
 	})
+}
+
+// TestDistantPeerIsNotVetoed: a peer whose every answer takes longer
+// than Timeout (a relay in another region) is measured and given the
+// time its round trips say it needs, and is still vetoed when it freezes,
+// within what its round trips allow.
+func TestDistantPeerIsNotVetoed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}, slow: map[string]time.Duration{"a": 400 * time.Millisecond}}
+		w := newWatched(f, Config{}) // defaults: a 250 ms timeout
+		stop := run(t, w)
+		defer stop()
+		elapse(30 * time.Second)
+		f.mu.Lock()
+		vetoes := f.vetoes
+		f.mu.Unlock()
+		if len(vetoes) != 0 {
+			t.Fatalf("a peer answering in 400 ms was vetoed: %+v", vetoes)
+		}
+		froze := time.Now()
+		f.set(f.frozen, "a", true)
+		for !w.Vetoed("a") {
+			elapse(10 * time.Millisecond)
+		}
+		took := time.Since(froze)
+		t.Logf("distant frozen peer vetoed after %s", took)
+		// Its timeout: three round trips plus four deviations (1.2 s once
+		// they are steady), capped at eight Timeouts.
+		if limit := 2*DefaultInterval + maxTimeoutFactor*DefaultTimeout; took > limit {
+			t.Errorf("a distant frozen peer took %s to veto, want ≤ %s", took, limit)
+		}
+	})
+}
+
+// TestTimeoutFollowsRoundTrips: the timeout of a peer's probes is
+// Timeout while its answers are quick, grows with slow ones, and shrinks
+// back when they are quick again; before any answer it is four Timeouts.
+func TestTimeoutFollowsRoundTrips(t *testing.T) {
+	cfg := Config{}
+	cfg.Complete()
+	s := &peerState{}
+	if got := cfg.timeoutFor(s); got != 4*DefaultTimeout {
+		t.Errorf("before any answer: %s, want %s", got, 4*DefaultTimeout)
+	}
+	for range 20 {
+		s.sample(time.Millisecond)
+	}
+	if got := cfg.timeoutFor(s); got != DefaultTimeout {
+		t.Errorf("quick answers: %s, want %s", got, DefaultTimeout)
+	}
+	for range 40 {
+		s.sample(300 * time.Millisecond)
+	}
+	if got := cfg.timeoutFor(s); got < 900*time.Millisecond || got > 1200*time.Millisecond {
+		t.Errorf("answers in 300 ms: %s, want about 3 × 300 ms", got)
+	}
+	for range 10 {
+		s.sample(100 * time.Second)
+	}
+	if got := cfg.timeoutFor(s); got != maxTimeoutFactor*DefaultTimeout {
+		t.Errorf("very slow answers: %s, want the cap %s", got, maxTimeoutFactor*DefaultTimeout)
+	}
+	for range 100 {
+		s.sample(time.Millisecond)
+	}
+	if got := cfg.timeoutFor(s); got != DefaultTimeout {
+		t.Errorf("quick again: %s, want %s", got, DefaultTimeout)
+	}
 }
 
 func TestVetoExpiresAfterTTL(t *testing.T) {
