@@ -47,6 +47,7 @@ func main() {
 	flag.StringVar(&logLevel, "log-level", "error", "the relays' --log-level (their output goes to stderr)")
 	flag.StringVar(&profileDir, "profile-dir", "", "write 5 s CPU profiles of both relays, taken as the drain begins, to this directory")
 	flag.DurationVar(&agentPing, "agent-ping", 0, "the agents' own ping interval, timeout half of it (0: the agent's default, 10 s while it keeps a standby); -ping stays the relays'")
+	flag.BoolVar(&hotStandby, "hot-standby", false, "run the relays with --hot-standby, so that agents keep standby tunnels and the drain promotes them")
 	flag.DurationVar(&standbyWait, "standby-wait", time.Minute, "wait up to this long, before the drain, until the directory records every agent's standby tunnel at the other relay (0: do not wait)")
 	flag.Parse()
 	live = tunnel.Liveness{Interval: *ping, Timeout: *pingTimeout}
@@ -60,6 +61,9 @@ var logLevel string
 
 // profileDir, when set, receives the relays' CPU profiles of the drain.
 var profileDir string
+
+// hotStandby is -hot-standby.
+var hotStandby bool
 
 // standbyWait is -standby-wait.
 var standbyWait time.Duration
@@ -82,8 +86,8 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f, err := procfleet.Start(ctx, procfleet.Config{Bin: bin, Dir: dir, Relays: 2, Output: os.Stderr, LogLevel: logLevel,
-		Args: []string{"--max-forward", fmt.Sprint(2 * n), "--drain-spread", spread.String(),
-			"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String()}})
+		Args: append([]string{"--max-forward", fmt.Sprint(2 * n), "--drain-spread", spread.String(),
+			"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String()}, hotStandbyArgs()...)})
 	if err != nil {
 		return err
 	}
@@ -182,7 +186,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		fmt.Fprintf(os.Stderr, "before the drain: tunnels %v on the first relay, %v on the other; %d failed requests\n",
 			benchkit.Gauge(metrics[0], "switchboard_tunnel_sessions"), benchkit.Gauge(metrics[1], "switchboard_tunnel_sessions"), failed.Load())
 	}
-	if standbyWait > 0 {
+	if hotStandby && standbyWait > 0 {
 		// Agents that keep standbys are named the other relay once it is
 		// undrained, and open them there: wait until the directory records
 		// every one, so that the drain asks them all to promote.
@@ -354,4 +358,12 @@ func (c *countingHandler) report(worker int) {
 			fmt.Fprintf(os.Stderr, "%s agents from %d:\n%s", time.Now().Format("15:04:05.0"), worker, b.String())
 		}
 	}
+}
+
+// hotStandbyArgs are the relays' flags for -hot-standby.
+func hotStandbyArgs() []string {
+	if hotStandby {
+		return []string{"--hot-standby"}
+	}
+	return nil
 }

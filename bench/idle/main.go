@@ -90,6 +90,9 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	relay := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+port, "--admin-listen", "127.0.0.1:"+admin,
 		"--data", filepath.Join(dir, "data"), "--allow-anonymous-agents", "--log-level", "warn",
 		"--tunnel-ping-interval", live.Interval.String(), "--tunnel-ping-timeout", live.Timeout.String())
+	if standbys > 0 {
+		relay.Args = append(relay.Args, "--hot-standby") // a relay keeps standbys only when told to
+	}
 	relay.Stderr = os.Stderr
 	if f, err := os.Create(filepath.Join(os.TempDir(), "idle-relay.log")); err == nil {
 		relay.Stderr = f

@@ -56,6 +56,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config, logf *logFlags) (port *int, 
 	fs.DurationVar(&cfg.Watchdog.Timeout, "probe-timeout", watchdog.DefaultTimeout, "how `long` one probe may take before it counts as missed")
 	fs.IntVar(&cfg.Watchdog.Misses, "probe-misses", watchdog.DefaultMisses, "missed probes in a `row` that veto a relay")
 	fs.DurationVar(&cfg.Watchdog.VetoTTL, "veto-ttl", watchdog.DefaultVetoTTL, "how `long` a veto lasts unless a probe that answers clears it first")
+	fs.BoolVar(&cfg.HotStandby, "hot-standby", false, "keep standby tunnels for devices held by other relays and name one to each agent taken here, so that a vetoed or draining holder's devices move without their agents reconnecting (docs/failover.md)")
 	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", node.DefaultShutdownDelay, "on SIGTERM, keep the public listener open at least this `long` after /readyz turns false, for load balancers to notice")
 	fs.DurationVar(&cfg.DrainSpread, "drain-spread", node.DefaultDrainSpread, "a drained relay asks its native agents to move over this `window`")
 	fs.DurationVar(&cfg.Fleet.LeaseTTL, "lease-ttl", fleet.DefaultLeaseTTL, "length of the housekeeping lease: another relay takes over at most this `long` plus a third after its holder dies")

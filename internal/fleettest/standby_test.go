@@ -37,6 +37,7 @@ func standbyFleet(t *testing.T, n int, each func(i int, c *node.Config)) ([]*Rel
 		r := StartRelay(t, FastFleet, func(c *node.Config) {
 			c.NATS = []string{st.ClientURL()}
 			c.Advertise = f.URL()
+			c.HotStandby = true
 			if each != nil {
 				each(i, c)
 			}
@@ -143,7 +144,7 @@ func TestStandbyTunnelIsKeptWithoutClaiming(t *testing.T) {
 // the standby offer without taking the device, and the agent serves on
 // with no standby.
 func TestStandbyRefusedByOlderRelay(t *testing.T) {
-	relays, _ := standbyFleet(t, 2, func(i int, c *node.Config) { c.NoStandby = i == 1 })
+	relays, _ := standbyFleet(t, 2, func(i int, c *node.Config) { c.HotStandby = i != 1 })
 	holder, old := relays[0], relays[1]
 	device := deviceHeldBy(t, relays, holder)
 	backend := newBackend(t, "b")

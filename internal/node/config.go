@@ -179,10 +179,13 @@ type Config struct {
 	// streams (package forward), as a relay from before them: every
 	// forward goes over HTTP. For tests of mixed fleets. Default off.
 	NoStreamForward bool
-	// NoStandby makes the relay keep no standby tunnels and name none to
-	// its agents, as a relay from before hot standby did: for tests of
-	// mixed fleets. Default off.
-	NoStandby bool
+	// HotStandby makes the relay keep standby tunnels for devices held by
+	// other relays and name, to each agent it takes, the relay to keep one
+	// at (docs/failover.md, "Hot standby"). Default off: at 10,000 agents
+	// a relay, the standbys' dials and directory writes overload a fleet
+	// whose relays share their cores with NATS (docs/benchmarks.md), so
+	// that it is for fleets that measured it.
+	HotStandby bool
 	// DrainTimeout bounds a graceful shutdown: requests and streams still
 	// running after it are cut. Default 25 s, inside a 30 s termination grace.
 	DrainTimeout time.Duration

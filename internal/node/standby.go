@@ -23,10 +23,10 @@ var errStandbyLeaving = httperr.New(http.StatusServiceUnavailable, "this relay i
 var errStandbyHolder = httperr.New(http.StatusConflict, "this relay holds the device: connect a tunnel, not a standby")
 
 // standbyHook is the tunnel endpoint's Standby: nil, refusing every
-// standby as a relay from before hot standby, when NoStandby or
+// standby as a relay from before hot standby, unless HotStandby, or when
 // TunnelV1Only says so.
 func (n *Node) standbyHook() func(*http.Request, string) error {
-	if n.cfg.NoStandby || n.cfg.TunnelV1Only {
+	if !n.cfg.HotStandby || n.cfg.TunnelV1Only {
 		return nil
 	}
 	return n.acceptStandby
@@ -51,7 +51,7 @@ func (n *Node) acceptStandby(_ *http.Request, device string) error {
 // nameStandby names, in the answer to an agent taken here, the relay it
 // should keep its standby tunnel at.
 func (n *Node) nameStandby(p *tunnel.Placement, device string) {
-	if n.cfg.NoStandby || n.cfg.TunnelV1Only {
+	if !n.cfg.HotStandby || n.cfg.TunnelV1Only {
 		return
 	}
 	if t, ok := n.member.Standby(device, n.cfg.Region, n.placeVetoed); ok && !t.Self {
@@ -285,7 +285,7 @@ func (n *Node) suggestLoop(ctx context.Context) {
 // suggestStandbys is one round of suggestLoop; it returns how many
 // devices' agents it named a standby to.
 func (n *Node) suggestStandbys(sg *suggester, now time.Time) int {
-	if n.member == nil || n.cfg.NoStandby || n.cfg.TunnelV1Only || n.draining() || n.stopping.Load() {
+	if n.member == nil || !n.cfg.HotStandby || n.cfg.TunnelV1Only || n.draining() || n.stopping.Load() {
 		clear(sg.missing)
 		return 0
 	}

@@ -21,8 +21,8 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultInterval = 100 * time.Millisecond
-	DefaultTimeout  = 250 * time.Millisecond
+	DefaultInterval = 250 * time.Millisecond
+	DefaultTimeout  = 400 * time.Millisecond
 	DefaultMisses   = 2
 	DefaultVetoTTL  = 30 * time.Second
 )
@@ -35,10 +35,10 @@ type Peer struct {
 
 // Config configures a Watchdog. Zero fields take the defaults named on them.
 type Config struct {
-	// Interval between the starts of two probes of a peer. Default 100 ms.
+	// Interval between the starts of two probes of a peer. Default 250 ms.
 	Interval time.Duration
 	// Timeout caps one probe of a peer that answers quickly. Default
-	// 250 ms. A peer's own round trips stretch it (see timeoutFor): a
+	// 400 ms. A peer's own round trips stretch it (see timeoutFor): a
 	// relay in another region, whose answers take 200 ms, is given what
 	// its round trips say it needs rather than vetoed for the distance.
 	Timeout time.Duration

@@ -141,7 +141,7 @@ func TestMissesVetoThenProbeClears(t *testing.T) {
 func TestFrozenPeerVetoedByTimeouts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
-		w := newWatched(f, Config{}) // defaults: 100 ms, 250 ms, 2 misses
+		w := newWatched(f, Config{}) // defaults: 250 ms, 400 ms, 2 misses
 		stop := run(t, w)
 		defer stop()
 		elapse(time.Second)
@@ -166,8 +166,8 @@ func TestFrozenPeerVetoedByTimeouts(t *testing.T) {
 // within what its round trips allow.
 func TestDistantPeerIsNotVetoed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}, slow: map[string]time.Duration{"a": 400 * time.Millisecond}}
-		w := newWatched(f, Config{}) // defaults: a 250 ms timeout
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}, slow: map[string]time.Duration{"a": 600 * time.Millisecond}}
+		w := newWatched(f, Config{}) // defaults: a 400 ms timeout
 		stop := run(t, w)
 		defer stop()
 		elapse(30 * time.Second)
@@ -175,7 +175,7 @@ func TestDistantPeerIsNotVetoed(t *testing.T) {
 		vetoes := f.vetoes
 		f.mu.Unlock()
 		if len(vetoes) != 0 {
-			t.Fatalf("a peer answering in 400 ms was vetoed: %+v", vetoes)
+			t.Fatalf("a peer answering in 600 ms was vetoed: %+v", vetoes)
 		}
 		froze := time.Now()
 		f.set(f.frozen, "a", true)
@@ -184,7 +184,7 @@ func TestDistantPeerIsNotVetoed(t *testing.T) {
 		}
 		took := time.Since(froze)
 		t.Logf("distant frozen peer vetoed after %s", took)
-		// Its timeout: three round trips plus four deviations (1.2 s once
+		// Its timeout: three round trips plus four deviations (1.8 s once
 		// they are steady), capped at eight Timeouts.
 		if limit := 2*DefaultInterval + maxTimeoutFactor*DefaultTimeout; took > limit {
 			t.Errorf("a distant frozen peer took %s to veto, want ≤ %s", took, limit)
