@@ -118,7 +118,11 @@ func retireWhen(ms *mux.Session, retire <-chan struct{}) {
 }
 
 // pingWhile pings ms every q.Interval while fast says so, and closes it
-// when an answer takes over q.Timeout. It returns when ms has ended.
+// when a ping goes unanswered for q.Interval+q.Timeout: as long as the
+// relay may stay silent before a tunnel without a standby gives it up,
+// so that a relay slow to answer under load (a drain, thousands of agents
+// arriving) is not given up sooner than its silence says. It returns when
+// ms has ended.
 func pingWhile(ms *mux.Session, fast func() bool, q Liveness) {
 	tick := time.NewTicker(q.Interval)
 	defer tick.Stop()
@@ -131,7 +135,7 @@ func pingWhile(ms *mux.Session, fast func() bool, q Liveness) {
 		if !fast() {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), q.Timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), q.Interval+q.Timeout)
 		_, err := ms.Ping(ctx)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) {
