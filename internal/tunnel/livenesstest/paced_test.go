@@ -59,7 +59,7 @@ func TestPacedSessionCostsOnePingPerAgentInterval(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(time.Minute)
+			<-time.After(time.Minute) // a minute of the bubble's virtual time, the agent silent
 			synctest.Wait()
 			select {
 			case <-s.Done():
