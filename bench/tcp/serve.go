@@ -19,10 +19,14 @@ const (
 
 // serveBackend is the backend process: every connection on addr gets the
 // service its first byte asks for. It runs until SIGTERM.
-func serveBackend(addr string) error {
+func serveBackend(addr string) error { return serve("backend", addr, backendConn) }
+
+// serve hands every connection accepted on addr to handle, in a goroutine
+// of its own, until SIGTERM or SIGINT.
+func serve(what, addr string, handle func(net.Conn)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("backend: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	go untilSignal(ln)
 	for {
@@ -33,7 +37,7 @@ func serveBackend(addr string) error {
 			}
 			return err
 		}
-		go backendConn(c)
+		go handle(c)
 	}
 }
 
@@ -69,37 +73,23 @@ func backendConn(c net.Conn) {
 // user space (the wrappers keep Go from splicing in the kernel), as the
 // main harness's floor does.
 func serveForward(addr, to string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("forwarder: %w", err)
-	}
-	go untilSignal(ln)
-	for {
-		c, err := ln.Accept()
+	return serve("forwarder", addr, func(c net.Conn) {
+		defer c.Close()
+		d, err := net.Dial("tcp", to)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return err
+			return
 		}
+		defer d.Close()
+		done := make(chan struct{})
 		go func() {
-			defer c.Close()
-			d, err := net.Dial("tcp", to)
-			if err != nil {
-				return
-			}
-			defer d.Close()
-			done := make(chan struct{})
-			go func() {
-				io.CopyBuffer(onlyWriter{d}, onlyReader{c}, make([]byte, 32<<10))
-				d.(*net.TCPConn).CloseWrite()
-				close(done)
-			}()
-			io.CopyBuffer(onlyWriter{c}, onlyReader{d}, make([]byte, 32<<10))
-			c.(*net.TCPConn).CloseWrite()
-			<-done
+			io.CopyBuffer(onlyWriter{d}, onlyReader{c}, make([]byte, 32<<10))
+			d.(*net.TCPConn).CloseWrite()
+			close(done)
 		}()
-	}
+		io.CopyBuffer(onlyWriter{c}, onlyReader{d}, make([]byte, 32<<10))
+		c.(*net.TCPConn).CloseWrite()
+		<-done
+	})
 }
 
 // untilSignal closes ln at SIGTERM or SIGINT.
