@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 )
 
@@ -154,13 +155,23 @@ type watchedConn struct {
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	c.SawRead(n, err)
+	return n, err
+}
+
+// A session over a watchedConn reads the socket beneath it itself and
+// tells it what each read returned (see mux.Transparent).
+var _ mux.Transparent = (*watchedConn)(nil)
+
+func (c *watchedConn) Wrapped() net.Conn { return c.Conn }
+
+func (c *watchedConn) SawRead(n int, err error) {
 	if n > 0 {
 		c.lastRead.Store(time.Now().UnixNano())
 	}
 	if err != nil && !c.closed.Load() {
 		c.readFailed.Store(true)
 	}
-	return n, err
 }
 
 // lastSign returns when the relay was last heard from, or since when the

@@ -3,6 +3,8 @@ package mux
 import (
 	"io"
 	"net"
+	"sync/atomic"
+	"time"
 )
 
 // Copies between a stream and what it is joined with (a user's socket, a
@@ -136,13 +138,17 @@ func Copy(dst io.Writer, src io.Reader) (int64, error) {
 }
 
 // Go copies src to dst as Copy does, in goroutines of its own, and then
-// calls done with what Copy would return. Each wait for src's bytes
-// begins in a fresh goroutine, which takes over from the one that wrote
-// the bytes before: an idle copy so holds one goroutine whose stack is
-// small, where a goroutine that waits after writing keeps the stack it
-// grew to write (the writes to a socket or a stream are deep) until the
-// runtime shrinks it, if it ever does. A copy that Copy would hand to
-// WriteTo or ReadFrom of a type other than Stream runs in one goroutine.
+// calls done with what Copy would return. A wait for src's bytes that
+// may be long begins in a fresh goroutine, which takes over from the one
+// that wrote the bytes before: an idle copy so holds one goroutine whose
+// stack is small, where a goroutine that waits after writing keeps the
+// stack it grew to write (the writes to a socket or a stream are deep)
+// until the runtime shrinks it, if it ever does. A busy copy, whose last
+// wait was short (an exchange of small messages), waits in the goroutine
+// that wrote, as a plain loop does: starting a goroutine wakes another
+// thread of the runtime's, which costs a busy copy more than its copying
+// (see hotCopies). A copy that Copy would hand to WriteTo or ReadFrom of a type
+// other than Stream runs in one goroutine.
 func Go(dst io.Writer, src io.Reader, done func(int64, error)) {
 	step, whole := plan(dst, src)
 	if whole != nil {
@@ -153,24 +159,63 @@ func Go(dst io.Writer, src io.Reader, done func(int64, error)) {
 	go c.run()
 }
 
-// stepper runs a copy's steps, each in a goroutine of its own.
+// stepper runs a copy's steps: the step after a short wait in the
+// goroutine that ran it, the step after a long one in a fresh goroutine.
 type stepper struct {
 	step  func() (int, error)
 	done  func(int64, error)
 	total int64 // touched by one goroutine at a time, each started by the last
+	hot   bool  // this goroutine holds a place among hotCopies
 }
 
+// hotCopies counts the copies that wait in the goroutine that wrote: a
+// copy whose last wait was shorter than hotWait takes one of maxHot
+// places, if one is free, and keeps it until a wait of its turns out long
+// (or it ends). A busy copy that falls idle waits on the stack it grew
+// until its next bytes, so the places bound that memory: maxHot stacks of
+// a few KiB.
+var hotCopies atomic.Int32
+
+const (
+	hotWait = time.Millisecond
+	maxHot  = 128
+)
+
 func (c *stepper) run() {
-	n, err := c.step()
-	c.total += int64(n)
-	if err != nil {
-		if err == io.EOF {
-			err = nil
+	for {
+		began := clock()
+		n, err := c.step()
+		c.total += int64(n)
+		if err != nil {
+			c.cool()
+			if err == io.EOF {
+				err = nil
+			}
+			c.done(c.total, err)
+			return
 		}
-		c.done(c.total, err)
-		return
+		if clock()-began >= hotWait {
+			c.cool()
+			go c.run()
+			return
+		}
+		if !c.hot {
+			if hotCopies.Add(1) > maxHot {
+				hotCopies.Add(-1)
+				go c.run()
+				return
+			}
+			c.hot = true
+		}
 	}
-	go c.run()
+}
+
+// cool gives up the copy's place among the hot ones, if it holds one.
+func (c *stepper) cool() {
+	if c.hot {
+		c.hot = false
+		hotCopies.Add(-1)
+	}
 }
 
 // plan decides how Copy copies src to dst: in steps, or as a whole by

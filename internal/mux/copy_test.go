@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/testkit"
@@ -415,4 +416,70 @@ func TestCopyWaitsInAnEmptyRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Close()
+}
+
+// goroutineID is the running goroutine's number, from its stack's header.
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	id, _, _ := bytes.Cut(bytes.TrimPrefix(buf, []byte("goroutine ")), []byte(" "))
+	return string(id)
+}
+
+// TestBusyCopyStaysInItsGoroutine: the step after a short wait runs in the
+// goroutine of the step before, the step after a long wait in a fresh
+// one; and when maxHot copies already stay, each step runs in a fresh
+// goroutine.
+func TestBusyCopyStaysInItsGoroutine(t *testing.T) {
+	run := func(t *testing.T) []string {
+		var ids []string
+		done := make(chan struct{})
+		c := &stepper{
+			step: func() (int, error) {
+				ids = append(ids, goroutineID())
+				switch len(ids) {
+				case 5:
+					time.Sleep(2 * hotWait) // a long wait, in the bubble's time
+				case 10:
+					return 0, io.EOF
+				}
+				return 1, nil
+			},
+			done: func(n int64, err error) {
+				if n != 9 || err != nil {
+					t.Errorf("done(%d, %v), want done(9, nil)", n, err)
+				}
+				close(done)
+			},
+		}
+		go c.run()
+		<-done
+		return ids
+	}
+	synctest.Test(t, func(t *testing.T) {
+		ids := run(t)
+		for i, id := range ids {
+			if want := ids[min(i/5*5, 5)]; id != want {
+				t.Errorf("step %d ran in goroutine %s, want %s (steps: %v)", i+1, id, want, ids)
+			}
+		}
+		if ids[0] == ids[5] {
+			t.Errorf("the step after a long wait ran in the goroutine of the step before (steps: %v)", ids)
+		}
+		if n := hotCopies.Load(); n != 0 {
+			t.Errorf("%d copies hold a place among the hot ones after they ended", n)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		hotCopies.Add(maxHot)
+		defer hotCopies.Add(-maxHot)
+		ids := run(t)
+		seen := map[string]bool{}
+		for _, id := range ids {
+			if seen[id] {
+				t.Errorf("with every place taken, a step ran in the goroutine of another (steps: %v)", ids)
+			}
+			seen[id] = true
+		}
+	})
 }

@@ -14,9 +14,10 @@ import (
 // for the pings of an idle session, so that ten thousand sessions woken
 // at once take little, up to readBufSize while reads fill it.
 type rawReader struct {
-	raw   syscall.RawConn
-	fn    func(fd uintptr) bool
-	sizes readSize
+	raw     syscall.RawConn
+	fn      func(fd uintptr) bool
+	sizes   readSize
+	sawRead func(n int, err error) // tells the connection's wrappers of each read; nil if none
 	// idle, if set, is asked when a read would wait holding no buffer:
 	// true makes the read return errIdle, and the reader parks the session
 	// (see park_linux.go), or, if it cannot (noPark), waits in a fresh
@@ -40,7 +41,7 @@ type rawReader struct {
 	err error
 }
 
-func newRawReader(c net.Conn) *rawReader {
+func newRawReader(c net.Conn, sawRead func(n int, err error)) *rawReader {
 	var sc syscall.Conn
 	switch c := c.(type) {
 	case *net.TCPConn:
@@ -54,7 +55,7 @@ func newRawReader(c net.Conn) *rawReader {
 	if err != nil {
 		return nil
 	}
-	r := &rawReader{raw: raw}
+	r := &rawReader{raw: raw, sawRead: sawRead}
 	r.fn = r.attempt
 	return r
 }
@@ -90,6 +91,9 @@ func (r *rawReader) attempt(fd uintptr) bool {
 				r.sizes.saw(n)
 			}
 		}
+		if r.sawRead != nil {
+			r.sawRead(r.n, r.err)
+		}
 		return true
 	}
 }
@@ -118,6 +122,9 @@ func (r *rawReader) read(buf []byte, w int) ([]byte, int, error) {
 	}
 	r.buf, r.w, r.n, r.err = buf, w, 0, nil
 	if err := r.raw.Read(r.fn); err != nil {
+		if r.sawRead != nil {
+			r.sawRead(0, err)
+		}
 		return r.buf, 0, err
 	}
 	return r.buf, r.n, r.err

@@ -3,9 +3,12 @@ package mux
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +24,7 @@ func TestRawReaderTakesWhatReadsNeed(t *testing.T) {
 	c, s := tcpPair(t)
 	defer c.Close()
 	defer s.Close()
-	r := newRawReader(s)
+	r := newRawReader(s, nil)
 	if r == nil {
 		t.Fatal("no raw reader for a TCP socket")
 	}
@@ -162,5 +165,99 @@ func TestIdleSessionsWaitOnSmallStacks(t *testing.T) {
 		if err := s.Err(); err != nil {
 			t.Fatalf("an idle session ended: %v", err)
 		}
+	}
+}
+
+// watcher is a Transparent wrapper that counts what goes through it.
+type watcher struct {
+	net.Conn
+	reads, writes atomic.Int64 // calls of its own Read and Write
+	saw           atomic.Int64 // bytes SawRead was told of
+	sawErr        atomic.Bool
+}
+
+func (w *watcher) Read(p []byte) (int, error) {
+	w.reads.Add(1)
+	n, err := w.Conn.Read(p)
+	w.SawRead(n, err)
+	return n, err
+}
+
+func (w *watcher) Write(p []byte) (int, error) {
+	w.writes.Add(1)
+	return w.Conn.Write(p)
+}
+
+func (w *watcher) Wrapped() net.Conn { return w.Conn }
+
+func (w *watcher) SawRead(n int, err error) {
+	w.saw.Add(int64(n))
+	if err != nil {
+		w.sawErr.Store(true)
+	}
+}
+
+// TestSessionSeesThroughTransparentWrappers: a session over wrappers of a
+// socket reads and writes the socket itself, as it does a bare one, and
+// tells every wrapper of each read; over wrappers of something else it
+// goes through them.
+func TestSessionSeesThroughTransparentWrappers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pair   func(testing.TB) (net.Conn, net.Conn)
+		socket bool
+	}{
+		{"tcp", tcpPair, true},
+		{"pipe", func(testing.TB) (net.Conn, net.Conn) { return net.Pipe() }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, s := tc.pair(t)
+			inner := &watcher{Conn: c}
+			outer := &watcher{Conn: inner}
+			client, server := sessions(t, outer, s, Config{}, Config{})
+			if got := client.raw != nil; got != tc.socket {
+				t.Fatalf("session reads the socket itself: %v, want %v", got, tc.socket)
+			}
+			st, err := client.Open(context.Background(), []byte("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := bytes.Repeat([]byte("y"), 3*readBufSize) // large payloads are read whole, apart
+			go func() {
+				peer, err := server.Accept()
+				if err != nil {
+					return
+				}
+				io.Copy(peer, peer)
+				peer.Close()
+			}()
+			go func() {
+				st.Write(payload)
+				st.CloseWrite()
+			}()
+			got, err := io.ReadAll(st)
+			if err != nil || !bytes.Equal(got, payload) {
+				t.Fatalf("echo: %d bytes, %v; want %d", len(got), err, len(payload))
+			}
+			for _, w := range []*watcher{inner, outer} {
+				if w.saw.Load() < int64(len(payload)) {
+					t.Errorf("a wrapper was told of %d bytes read, want at least %d", w.saw.Load(), len(payload))
+				}
+			}
+			if tc.socket && (outer.reads.Load() != 0 || outer.writes.Load() != 0 || inner.reads.Load() != 0 || inner.writes.Load() != 0) {
+				t.Errorf("reads and writes through the wrappers: %d+%d and %d+%d, want none",
+					outer.reads.Load(), outer.writes.Load(), inner.reads.Load(), inner.writes.Load())
+			}
+			if !tc.socket && outer.reads.Load() == 0 {
+				t.Error("a wrapper of a pipe was not read through")
+			}
+			server.Close()
+			testkit.Eventually(t, 5*time.Second, func() error {
+				if !outer.sawErr.Load() || !inner.sawErr.Load() {
+					return errors.New("the wrappers were not told of the failed read after the peer closed")
+				}
+				return nil
+			})
+		})
 	}
 }

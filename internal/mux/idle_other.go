@@ -18,7 +18,7 @@ type rawReader struct {
 func (*Session) park() bool   { return false }
 func (*Session) unpark() bool { return false }
 
-func newRawReader(net.Conn) *rawReader { return nil }
+func newRawReader(net.Conn, func(int, error)) *rawReader { return nil }
 
 func (*rawReader) begin() { panic("unreachable") }
 

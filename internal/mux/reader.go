@@ -67,7 +67,7 @@ func (s *Session) readFrames() error {
 			}
 			payload := getChunk(n)
 			copy(payload, buf[r+headerLen:w])
-			if _, err := io.ReadFull(s.conn, payload[have:]); err != nil {
+			if _, err := io.ReadFull(sessionReader{s}, payload[have:]); err != nil {
 				putChunk(payload)
 				return err
 			}
@@ -92,7 +92,7 @@ func (s *Session) readFrames() error {
 			if buf == nil {
 				buf = getChunk(readBufSize)
 			}
-			n, err = s.conn.Read(buf[w:])
+			n, err = s.read(buf[w:])
 		}
 		if n > 0 {
 			w += n
@@ -258,3 +258,19 @@ func (s *Session) pong(value uint32) {
 	}
 	b.bytes = 0 // the next probe waits for window/4 bytes more
 }
+
+// read reads the session's connection, telling its Transparent wrappers
+// what the read returned.
+func (s *Session) read(p []byte) (int, error) {
+	n, err := s.sock.Read(p)
+	if s.sawRead != nil {
+		s.sawRead(n, err)
+	}
+	return n, err
+}
+
+// sessionReader is the session's connection as an io.Reader, through
+// Session.read.
+type sessionReader struct{ s *Session }
+
+func (r sessionReader) Read(p []byte) (int, error) { return r.s.read(p) }

@@ -91,9 +91,14 @@ func (c *Config) complete() {
 // Session is one end of a multiplexed connection.
 type Session struct {
 	conn net.Conn
-	cfg  Config
-	w    writer
-	raw  *rawReader // reads the socket holding no buffer while idle; nil if it cannot
+	// sock is what the session reads and writes: conn, or the socket
+	// beneath conn's Transparent wrappers, which sawRead (nil for a bare
+	// conn) tells of each read.
+	sock    net.Conn
+	sawRead func(n int, err error)
+	cfg     Config
+	w       writer
+	raw     *rawReader // reads the socket holding no buffer while idle; nil if it cannot
 
 	acceptable chan struct{} // signalled when a stream is queued for Accept; nil when streams are refused
 	done       chan struct{}
@@ -152,9 +157,10 @@ func New(conn net.Conn, cfg Config) *Session {
 	if !cfg.RefuseStreams {
 		s.acceptable = make(chan struct{}, 1)
 	}
+	s.sock, s.sawRead = socketOf(conn)
 	s.window.Store(InitialWindow)
 	s.w.init(s)
-	if s.raw = newRawReader(conn); s.raw != nil {
+	if s.raw = newRawReader(s.sock, s.sawRead); s.raw != nil {
 		s.raw.idle = s.idle
 	}
 	s.touch()

@@ -46,9 +46,9 @@ type writer struct {
 func (w *writer) init(s *Session) {
 	w.s = s
 	w.cond.L = &w.mu
-	switch s.conn.(type) {
+	switch s.sock.(type) {
 	case *net.TCPConn, *net.UnixConn:
-		w.direct = newSink(s.conn)
+		w.direct = newSink(s.sock)
 	default:
 		w.coalesce = true // a TLS record per slice would cost more than a copy
 	}
@@ -273,7 +273,7 @@ func (w *writer) write(batch []outFrame) error {
 			return nil
 		}
 	}
-	_, err := bufs.WriteTo(w.s.conn)
+	_, err := bufs.WriteTo(w.s.sock)
 	clear(w.bufs)
 	return err
 }
@@ -289,7 +289,7 @@ func (w *writer) writeCopied(batch []outFrame) error {
 		if len(buf) == 0 {
 			return nil
 		}
-		_, err := w.s.conn.Write(buf)
+		_, err := w.s.sock.Write(buf)
 		buf = buf[:0]
 		return err
 	}
@@ -308,7 +308,7 @@ func (w *writer) writeCopied(batch []outFrame) error {
 			if err := flush(); err != nil {
 				return err
 			}
-			if _, err := w.s.conn.Write(f.payload); err != nil {
+			if _, err := w.s.sock.Write(f.payload); err != nil {
 				return err
 			}
 			continue

@@ -32,6 +32,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/switchboard-relay/switchboard/internal/mux"
 )
 
 // Protocol names the first version of the tunnel (HTTP/2 with reversed
@@ -311,6 +313,13 @@ type placedConn struct {
 	placed  Placed
 	version int
 }
+
+// placedConn only carries what the relay said: a session over it reads
+// and writes the connection beneath (see mux.Transparent).
+var _ mux.Transparent = (*placedConn)(nil)
+
+func (c *placedConn) Wrapped() net.Conn  { return c.Conn }
+func (c *placedConn) SawRead(int, error) {}
 
 // WithVersion marks conn, a tunnel opened some other way (a WebSocket), as
 // speaking version v.
