@@ -649,6 +649,31 @@ func (u *upgradedBody) ReadFrom(r io.Reader) (int64, error) {
 	return io.Copy(onlyWriter{u.st}, r)
 }
 
+// WriteStep and ReadStep are WriteTo's and ReadFrom's copies in steps
+// (see mux.StepWriterTo): the bytes read past the header are the first.
+func (u *upgradedBody) WriteStep(w io.Writer) func() (int, error) {
+	next := u.st.WriteStep(w)
+	return func() (int, error) {
+		if u.br == nil {
+			return next()
+		}
+		n := u.br.Buffered()
+		if n == 0 {
+			u.dropReader()
+			return next()
+		}
+		b, _ := u.br.Peek(n)
+		k, err := w.Write(b)
+		u.br.Discard(k)
+		if err == nil {
+			u.dropReader()
+		}
+		return k, err
+	}
+}
+
+func (u *upgradedBody) ReadStep(r io.Reader) func() (int, error) { return u.st.ReadStep(r) }
+
 func (u *upgradedBody) dropReader() {
 	putReader(u.br)
 	u.br = nil

@@ -115,11 +115,11 @@ func (st *Stream) ReadFrom(r io.Reader) (int64, error) { return loop(readStep(st
 
 // Copy copies src to dst until src ends, as io.Copy does, holding no copy
 // buffer while src is idle wherever it can tell when src has bytes:
-//   - src is a stream, or anything else with a WriteTo other than a
-//     kernel socket's (whose WriteTo copies through a 32 KiB buffer when it
-//     cannot splice): src.WriteTo(dst);
-//   - dst is a stream, or has a ReadFrom other than a kernel socket's:
-//     dst.ReadFrom(src);
+//   - src is a stream or a StepWriterTo: its steps;
+//   - src has a WriteTo other than a kernel socket's (whose WriteTo copies
+//     through a 32 KiB buffer when it cannot splice): src.WriteTo(dst);
+//   - dst is a stream or a StepReaderFrom: its steps;
+//   - dst has a ReadFrom other than a kernel socket's: dst.ReadFrom(src);
 //   - both are kernel sockets: io.Copy, which splices in the kernel;
 //   - src is a socket (a syscall.Conn): it waits for src to become
 //     readable holding no buffer, as ReadFrom does;
@@ -147,8 +147,9 @@ func Copy(dst io.Writer, src io.Reader) (int64, error) {
 // wait was short (an exchange of small messages), waits in the goroutine
 // that wrote, as a plain loop does: starting a goroutine wakes another
 // thread of the runtime's, which costs a busy copy more than its copying
-// (see hotCopies). A copy that Copy would hand to WriteTo or ReadFrom of a type
-// other than Stream runs in one goroutine.
+// (see hotCopies). A copy that Copy would hand to a WriteTo or ReadFrom
+// runs in one goroutine: a wrapper of a stream offers steps instead (see
+// StepWriterTo), so that its copies wait on small stacks too.
 func Go(dst io.Writer, src io.Reader, done func(int64, error)) {
 	step, whole := plan(dst, src)
 	if whole != nil {
@@ -218,23 +219,60 @@ func (c *stepper) cool() {
 	}
 }
 
+// StepWriterTo is a reader whose copy to a writer goes in steps, each a
+// wait for bytes and their write: a stream, or a wrapper of one. Copy and
+// Go run its steps as they run a stream's (Go beginning each long wait in
+// a fresh goroutine), where a WriteTo would run the whole copy in the
+// goroutine that called it. A step returns the bytes it wrote, and io.EOF
+// at the copy's end.
+type StepWriterTo interface {
+	WriteStep(w io.Writer) (step func() (int, error))
+}
+
+// StepReaderFrom is a writer whose copy from a reader goes in steps, as
+// StepWriterTo's does.
+type StepReaderFrom interface {
+	ReadStep(r io.Reader) (step func() (int, error))
+}
+
+// WriteStep returns the copy WriteTo makes to w, in steps.
+func (st *Stream) WriteStep(w io.Writer) func() (int, error) {
+	if err := st.flushOpen(); err != nil {
+		return func() (int, error) { return 0, err }
+	}
+	return st.writeStep(w)
+}
+
+// ReadStep returns the copy ReadFrom makes from r, in steps.
+func (st *Stream) ReadStep(r io.Reader) func() (int, error) { return readStep(st, r) }
+
+// WholeStep returns copy, a whole copy, as one step, for a wrapper that
+// offers steps but wraps something that copies only whole.
+func WholeStep(copy func() (int64, error)) func() (int, error) {
+	return func() (int, error) {
+		n, err := copy()
+		if err == nil {
+			err = io.EOF
+		}
+		return int(n), err
+	}
+}
+
 // plan decides how Copy copies src to dst: in steps, or as a whole by
 // the WriteTo or ReadFrom of another type.
 func plan(dst io.Writer, src io.Reader) (step func() (int, error), whole func() (int64, error)) {
 	srcSocket, dstSocket := kernelSocket(src), kernelSocket(dst)
-	if st, ok := src.(*Stream); ok {
-		if err := st.flushOpen(); err != nil {
-			return nil, func() (int64, error) { return 0, err }
-		}
-		return st.writeStep(dst), nil
+	if sw, ok := src.(StepWriterTo); ok {
+		return sw.WriteStep(dst), nil
 	}
 	if wt, ok := src.(io.WriterTo); ok && !srcSocket {
 		return nil, func() (int64, error) { return wt.WriteTo(dst) }
 	}
+	if sr, ok := dst.(StepReaderFrom); ok {
+		return sr.ReadStep(src), nil
+	}
 	if rf, ok := dst.(io.ReaderFrom); ok && !dstSocket {
-		if _, ok := dst.(*Stream); !ok {
-			return nil, func() (int64, error) { return rf.ReadFrom(src) }
-		}
+		return nil, func() (int64, error) { return rf.ReadFrom(src) }
 	}
 	if srcSocket && dstSocket {
 		return nil, func() (int64, error) { return io.Copy(dst, src) }

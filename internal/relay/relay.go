@@ -190,7 +190,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	untrack := h.track()
 	if proto := upgradeType(r.Header); proto != "" {
 		var u *upgrade
-		u, r = h.newUpgrade(w, r, proto, untrack)
+		u, w, r = h.newUpgrade(w, r, proto, untrack)
 		defer u.handlerDone()
 	} else {
 		defer untrack()

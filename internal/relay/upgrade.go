@@ -39,9 +39,9 @@ type upgradeKey struct{}
 // upgrade is one upgrade request's hand-over.
 type upgrade struct {
 	h     *Handler
-	w     http.ResponseWriter // the user's, to hijack; nil once hijacked
-	proto string              // the protocol the user asked for
-	ctx   context.Context     // the forwarded request's, detached from the handler
+	w     *handedWriter   // the user's, to hijack; nil once hijacked
+	proto string          // the protocol the user asked for
+	ctx   context.Context // the forwarded request's, detached from the handler
 	// release ends ctx; early, bound to the handler's context, calls it
 	// when the user goes away before the switch (stopped by the switch).
 	release func()
@@ -50,10 +50,22 @@ type upgrade struct {
 	taken   bool   // the connection was taken over; set in the handler's goroutine
 }
 
+// handedWriter is the user's ResponseWriter as the reverse proxy holds
+// it. The proxy keeps its ResponseWriter in a closure that the forwarded
+// request's context carries (its trace of 1xx answers), and what carries
+// the upgraded connection's stream keeps that context for the
+// connection's life; take drops the server's writer from it, so that
+// the server's state for the request (its buffers, the parsed request)
+// goes with the handler.
+type handedWriter struct{ http.ResponseWriter }
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (w *handedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // newUpgrade prepares the hand-over of r's connection, should the device
-// switch protocols, and returns the request to forward: r under the
-// detached context.
-func (h *Handler) newUpgrade(w http.ResponseWriter, r *http.Request, proto string, untrack func()) (*upgrade, *http.Request) {
+// switch protocols, and returns the writer and the request to forward:
+// w as the hand-over holds it, and r under the detached context.
+func (h *Handler) newUpgrade(w http.ResponseWriter, r *http.Request, proto string, untrack func()) (*upgrade, http.ResponseWriter, *http.Request) {
 	detach := h.cfg.Detach
 	if detach == nil {
 		detach = func(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -61,9 +73,9 @@ func (h *Handler) newUpgrade(w http.ResponseWriter, r *http.Request, proto strin
 		}
 	}
 	ctx, release := detach(r.Context())
-	u := &upgrade{h: h, w: w, proto: proto, ctx: ctx, release: release, untrack: untrack}
+	u := &upgrade{h: h, w: &handedWriter{w}, proto: proto, ctx: ctx, release: release, untrack: untrack}
 	u.early = context.AfterFunc(r.Context(), release)
-	return u, r.WithContext(context.WithValue(ctx, upgradeKey{}, u))
+	return u, u.w, r.WithContext(context.WithValue(ctx, upgradeKey{}, u))
 }
 
 // handlerDone is called as the handler returns: a request whose
@@ -101,7 +113,10 @@ func (u *upgrade) take(resp *http.Response) error {
 		return fmt.Errorf("the user's connection cannot switch protocols: %w", err)
 	}
 	header := u.w.Header()
-	u.w = nil // the server's state for the request, its buffers among it, goes with the handler
+	// The server's state for the request, its buffers among it, goes
+	// with the handler: nothing writes to it after the switch (the
+	// proxy's error handler ignores errUpgraded).
+	u.w.ResponseWriter, u.w = nil, nil
 	copyHeader(header, resp.Header)
 	resp.Header = header
 	resp.Body = nil // so that Write writes the head alone

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/switchboard-relay/switchboard/internal/logkey"
+	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/replay"
 )
 
@@ -651,6 +652,23 @@ func (b *countedBody) ReadFrom(r io.Reader) (int64, error) {
 		return rf.ReadFrom(r)
 	}
 	return io.Copy(onlyWriter{b}, r)
+}
+
+// WriteStep and ReadStep pass an upgraded stream's copying in steps
+// through (see mux.StepWriterTo), so that copies of it wait on small
+// stacks; a body that copies only whole is one step.
+func (b *countedBody) WriteStep(w io.Writer) func() (int, error) {
+	if sw, ok := b.ReadCloser.(mux.StepWriterTo); ok {
+		return sw.WriteStep(w)
+	}
+	return mux.WholeStep(func() (int64, error) { return b.WriteTo(w) })
+}
+
+func (b *countedBody) ReadStep(r io.Reader) func() (int, error) {
+	if sr, ok := b.ReadCloser.(mux.StepReaderFrom); ok {
+		return sr.ReadStep(r)
+	}
+	return mux.WholeStep(func() (int64, error) { return b.ReadFrom(r) })
 }
 
 // watchedConn calls onDead once when the connection fails or closes.
