@@ -483,3 +483,51 @@ func TestBusyCopyStaysInItsGoroutine(t *testing.T) {
 		}
 	})
 }
+
+// wrapped is a stream under a wrapper that copies whole (WriteTo,
+// ReadFrom) and in steps.
+type wrapped struct{ st *Stream }
+
+func (w wrapped) Read(p []byte) (int, error)                  { return w.st.Read(p) }
+func (w wrapped) Write(p []byte) (int, error)                 { return w.st.Write(p) }
+func (w wrapped) WriteTo(dst io.Writer) (int64, error)        { return w.st.WriteTo(dst) }
+func (w wrapped) ReadFrom(src io.Reader) (int64, error)       { return w.st.ReadFrom(src) }
+func (w wrapped) WriteStep(dst io.Writer) func() (int, error) { return w.st.WriteStep(dst) }
+func (w wrapped) ReadStep(src io.Reader) func() (int, error)  { return w.st.ReadStep(src) }
+
+// whole is a stream under a wrapper that copies only whole.
+type whole struct{ st *Stream }
+
+func (w whole) Read(p []byte) (int, error)            { return w.st.Read(p) }
+func (w whole) Write(p []byte) (int, error)           { return w.st.Write(p) }
+func (w whole) WriteTo(dst io.Writer) (int64, error)  { return w.st.WriteTo(dst) }
+func (w whole) ReadFrom(src io.Reader) (int64, error) { return w.st.ReadFrom(src) }
+
+// TestWrappersOfStreamsCopyInSteps: a copy from or to a wrapper that
+// offers steps runs them (so that Go waits on small stacks), not the
+// wrapper's whole WriteTo or ReadFrom; one that offers none runs whole.
+func TestWrappersOfStreamsCopyInSteps(t *testing.T) {
+	client, server := tcpSessions(t)
+	st, peer := streamPair(t, client, server)
+	defer st.Close()
+	defer peer.Close()
+	sock, other := tcpPair(t)
+	defer sock.Close()
+	defer other.Close()
+	for _, tc := range []struct {
+		name  string
+		dst   io.Writer
+		src   io.Reader
+		steps bool
+	}{
+		{"from a stepped wrapper", sock, wrapped{st}, true},
+		{"to a stepped wrapper", wrapped{st}, sock, true},
+		{"from a wrapper without steps", sock, whole{st}, false},
+		{"to a wrapper without steps", whole{st}, sock, false},
+	} {
+		step, all := plan(tc.dst, tc.src)
+		if got := step != nil && all == nil; got != tc.steps {
+			t.Errorf("%s: copies in steps %v, want %v", tc.name, got, tc.steps)
+		}
+	}
+}
