@@ -212,6 +212,21 @@ func (c *refusable) WriteTo(w io.Writer) (int64, error) {
 	return n, err
 }
 
+// WriteStep is WriteTo's copy in steps (see mux.StepWriterTo), so that a
+// copy from an idle service waits on a small stack.
+func (c *refusable) WriteStep(w io.Writer) func() (int, error) {
+	sw, ok := c.Conn.(mux.StepWriterTo)
+	if !ok {
+		return mux.WholeStep(func() (int64, error) { return c.WriteTo(w) })
+	}
+	step := sw.WriteStep(w)
+	return func() (int, error) {
+		n, err := step()
+		c.check(err)
+		return n, err
+	}
+}
+
 // CarriedStream returns the stream the service's side is, if it is one:
 // Write changes nothing of what it writes.
 func (c *refusable) CarriedStream() *mux.Stream {
