@@ -33,6 +33,7 @@ type config struct {
 	tests    map[string]bool
 	mb       int
 	n        int
+	rounds   int
 	setupN   int
 	conns    int
 	fDur     time.Duration
@@ -87,6 +88,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&tests, "tests", "stream,setup,conns,failover", "measurements, comma-separated: stream (throughput and round trip), setup (connect's added setup time), conns (many connections to one device), failover (kill -9 of the holder in a 3-relay fleet)")
 	fs.IntVar(&cfg.mb, "mb", 200, "MB (10^6 bytes) sent over one TCP stream for its throughput")
 	fs.IntVar(&cfg.n, "n", 2000, "round trips of 32 bytes timed on one connection")
+	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds the round trips are timed in, each path's n/rounds in turn in each, so that the machine's drift over the run falls on every path alike")
 	fs.IntVar(&cfg.setupN, "setup-n", 500, "new connections timed for the setup time")
 	fs.IntVar(&cfg.conns, "conns", 10000, "TCP connections held open at once to one device through a mapped port")
 	fs.DurationVar(&cfg.fDur, "failover-duration", 6*time.Second, "how long the failover load runs after the kill")
@@ -96,6 +98,9 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temp dir (logs) and print its path")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if cfg.rounds < 1 || cfg.rounds > cfg.n {
+		return nil, fmt.Errorf("-rounds %d: want 1 to -n (%d)", cfg.rounds, cfg.n)
 	}
 	cfg.tests = map[string]bool{}
 	for _, t := range strings.Split(tests, ",") {

@@ -40,6 +40,9 @@ type result struct {
 
 const device, svc = "bench", "echo"
 
+// floor3 is the name of the path of three plain forwarders.
+const floor3 = "floor, 3 processes"
+
 func runPaths(ctx context.Context, cfg *config, dir string) error {
 	bin, err := benchkit.Binary(cfg.bin, dir)
 	if err != nil {
@@ -86,6 +89,17 @@ func runPaths(ctx context.Context, cfg *config, dir string) error {
 		return err
 	}
 	paths = append(paths, &path{name: "floor", addr: front, relay: fr, agent: fa})
+
+	// The floor of connect's path, which has a process more than a
+	// relay and an agent: three forwarders.
+	back3, mid3, front3 := "127.0.0.1:"+benchkit.FreePort(), "127.0.0.1:"+benchkit.FreePort(), "127.0.0.1:"+benchkit.FreePort()
+	for _, f := range [][3]string{{"floor3-agent", back3, backend}, {"floor3-middle", mid3, back3}, {"floor3-relay", front3, mid3}} {
+		if _, err := start(f[0], self, "-serve-forward", f[1], "-to", f[2]); err != nil {
+			return err
+		}
+	}
+	paths = append(paths, &path{name: floor3, addr: front3,
+		note: "three plain forwarders, as many processes as connect's path: what any design with a process beside the user costs here"})
 
 	// Switchboard: one relay, one agent offering the backend as a TCP service.
 	public, admin := "127.0.0.1:"+benchkit.FreePort(), "127.0.0.1:"+benchkit.FreePort()
@@ -153,14 +167,30 @@ func runPaths(ctx context.Context, cfg *config, dir string) error {
 		results[p.name] = r
 		if cfg.tests["stream"] {
 			r.mbps, r.err = throughput(p.addr, int64(cfg.mb)*1_000_000)
-			if r.err == nil {
-				r.rttP50, r.rttP99, r.err = roundTrips(p.addr, cfg.n)
-			}
 		}
 		if cfg.tests["setup"] && r.err == nil {
 			r.setupP50, r.setupP99, r.err = setups(p.addr, cfg.setupN)
 		}
 		fmt.Printf("measured %s\n", p.name)
+	}
+	if cfg.tests["stream"] {
+		// The round trips, in rounds: each path's share of a round in
+		// turn, so that a path measured last is not the one the machine's
+		// drift (a neighbour, the clock's frequency) falls on.
+		times := map[string][]time.Duration{}
+		for round := range cfg.rounds {
+			for _, p := range paths {
+				if r := results[p.name]; r.err == nil {
+					var ts []time.Duration
+					ts, r.err = roundTrips(p.addr, cfg.n/cfg.rounds)
+					times[p.name] = append(times[p.name], ts...)
+				}
+			}
+			fmt.Printf("round trips: round %d of %d\n", round+1, cfg.rounds)
+		}
+		for name, ts := range times {
+			results[name].rttP50, results[name].rttP99 = percentiles(ts)
+		}
 	}
 	if cfg.tests["stream"] || cfg.tests["setup"] {
 		printPaths(cfg, paths, results)
@@ -239,32 +269,31 @@ func throughput(addr string, n int64) (float64, error) {
 
 // roundTrips times n round trips of 32 bytes on one connection, after 100
 // untimed ones.
-func roundTrips(addr string, n int) (p50, p99 time.Duration, err error) {
+func roundTrips(addr string, n int) ([]time.Duration, error) {
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Minute))
 	if _, err := c.Write([]byte{cmdEcho}); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	msg, back := make([]byte, 32), make([]byte, 32)
 	times := make([]time.Duration, 0, n)
 	for i := range n + 100 {
 		t0 := time.Now()
 		if _, err := c.Write(msg); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		if _, err := io.ReadFull(c, back); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		if i >= 100 {
 			times = append(times, time.Since(t0))
 		}
 	}
-	p50, p99 = percentiles(times)
-	return p50, p99, nil
+	return times, nil
 }
 
 // setups times n new connections, each to its first round trip of 32
@@ -534,6 +563,10 @@ func printPaths(cfg *config, paths []*path, res map[string]*result) {
 			}
 			fmt.Printf("%s against %s: throughput %.2f× (target ≥ 1.5×), round trip p50 %.2f× (target ≤ 1×)\n",
 				name, cfg.peers[0].name, r.mbps/chisel.mbps, float64(r.rttP50)/float64(chisel.rttP50))
+		}
+		if f, c := res[floor3], res["connect"]; f != nil && f.err == nil && c != nil && c.err == nil {
+			fmt.Printf("%s against %s: round trip p50 %.2f×; connect against %s: %.2f×\n",
+				floor3, cfg.peers[0].name, float64(f.rttP50)/float64(chisel.rttP50), floor3, float64(c.rttP50)/float64(f.rttP50))
 		}
 	}
 }
