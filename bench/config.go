@@ -46,6 +46,10 @@ type config struct {
 	WSRoundTrips int
 	// WSMessageBytes is the size of one websocket message.
 	WSMessageBytes int
+	// Rounds is how many rounds the latency, request-rate and websocket
+	// tests run in: in each, every target runs its share of the test in
+	// turn, with all the targets running throughout.
+	Rounds int
 	// MaxSeries bounds each timed series; a slow path reports fewer samples
 	// instead of running for ever.
 	MaxSeries time.Duration
@@ -95,6 +99,7 @@ func (c *config) validate() error {
 	check(c.WSRoundTrips > 0, "-ws-n must be positive")
 	check(c.WSMessageBytes > 0, "-ws-bytes must be positive")
 	check(c.MaxSeries > 0, "-max-series must be positive")
+	check(c.Rounds > 0 && c.Rounds <= c.N && c.Rounds <= c.WSRoundTrips, "-rounds must be 1 to -n and -ws-n")
 	check(c.Pending > 0, "-num-pending-requests must be positive")
 	for _, kv := range c.ChildEnv {
 		check(strings.Contains(kv, "="), "-child-env: %q is not KEY=VALUE", kv)

@@ -30,19 +30,24 @@ func measureLatency(ctx context.Context, e env, r *results) error {
 		back = append(back, time.Since(handled))
 		return nil
 	}
-	s, err := timeSeries(ctx, e.cfg.MaxSeries, e.cfg.Warmup, e.cfg.N, op)
+	samples, err := timeSeries(ctx, e.cfg.MaxSeries, e.cfg.Warmup, e.cfg.N, op)
 	if err != nil {
 		return err
 	}
-	r.Latency = s
-	r.ThereP50 = summarize(there[len(there)-s.N:], s.N).P50 // the timed ones, after the warm-up
-	r.BackP50 = summarize(back[len(back)-s.N:], s.N).P50
+	raw := &r.raw
+	raw.latency, raw.latencyWant = append(raw.latency, samples...), raw.latencyWant+e.cfg.N
+	raw.there = append(raw.there, there[len(there)-len(samples):]...) // the timed ones, after the warm-up
+	raw.back = append(raw.back, back[len(back)-len(samples):]...)
+	r.Latency = summarize(raw.latency, raw.latencyWant)
+	r.ThereP50 = summarize(raw.there, len(raw.there)).P50
+	r.BackP50 = summarize(raw.back, len(raw.back)).P50
 	if e.t.relayURL == "" {
 		return nil
 	}
 	healthz := func(ctx context.Context) error { return get(ctx, e.c, e.t.relayURL+"/healthz") }
 	h, err := timeSeries(ctx, e.cfg.MaxSeries, e.cfg.Warmup, e.cfg.N, healthz)
-	r.HealthzP50 = h.P50
+	raw.healthz, raw.healthzWant = append(raw.healthz, h...), raw.healthzWant+e.cfg.N
+	r.HealthzP50 = summarize(raw.healthz, raw.healthzWant).P50
 	return err
 }
 
@@ -92,13 +97,19 @@ func measureRPS(ctx context.Context, e env, r *results) error {
 	if err != nil {
 		return err
 	}
-	r.RPS = float64(n) / elapsed.Seconds()
-	if n > 0 {
-		r.BackendCPUPerReq = (after.backend - before.backend) / time.Duration(n)
+	raw := &r.raw
+	raw.requests += n
+	raw.elapsed += elapsed
+	raw.cpu.backend += after.backend - before.backend
+	raw.cpu.relay += after.relay - before.relay
+	raw.cpu.agent += after.agent - before.agent
+	r.RPS = float64(raw.requests) / raw.elapsed.Seconds()
+	if raw.requests > 0 {
+		r.BackendCPUPerReq = raw.cpu.backend / time.Duration(raw.requests)
 	}
-	if e.t.relay != nil && n > 0 {
-		r.RelayCPUPerReq = (after.relay - before.relay) / time.Duration(n)
-		r.AgentCPUPerReq = (after.agent - before.agent) / time.Duration(n)
+	if e.t.relay != nil && raw.requests > 0 {
+		r.RelayCPUPerReq = raw.cpu.relay / time.Duration(raw.requests)
+		r.AgentCPUPerReq = raw.cpu.agent / time.Duration(raw.requests)
 	}
 	return nil
 }

@@ -105,6 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.DownloadMB, "download-mb", 100, "download size in MB (10^6 bytes)")
 	fs.IntVar(&cfg.UploadMB, "upload-mb", 50, "upload size in MB (10^6 bytes); the long-poll relay caps bodies at 64 MiB by default")
 	fs.IntVar(&cfg.WSRoundTrips, "ws-n", 1000, "websocket round trips timed")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "rounds the latency, request-rate and websocket tests run in, every target's share (1/rounds of -n, -duration, -ws-n) in turn in each, all targets running throughout, so that the machine's drift over the run falls on every target alike; 1 measures each target whole, one after the other")
 	fs.IntVar(&cfg.WSMessageBytes, "ws-bytes", 32, "websocket message size in bytes")
 	fs.DurationVar(&cfg.MaxSeries, "max-series", 90*time.Second, "deadline of each timed series; a series cut short reports how many samples it got")
 	fs.IntVar(&cfg.Pending, "num-pending-requests", 32, "the agent's --num-pending-requests (concurrent polls)")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -54,6 +53,21 @@ type results struct {
 	// ProtocolsSeen are the protocols the agent's log says it connected
 	// with; nil when direct.
 	ProtocolsSeen []string
+
+	// What the measurements gathered, over all the rounds they ran in
+	// (see config.Rounds): the summaries above are made from them.
+	raw rawResults
+}
+
+// rawResults are the samples and counts the summaries of results come
+// from, kept so that a measurement run again (in the next round) adds to
+// them.
+type rawResults struct {
+	latency, there, back, healthz, ws []time.Duration
+	latencyWant, healthzWant, wsWant  int
+	requests                          int64
+	elapsed                           time.Duration
+	cpu                               cpuTimes // the request-rate tests' CPU time, summed
 }
 
 // series summarizes timed samples.
@@ -96,30 +110,6 @@ func testNames() []string {
 	return names
 }
 
-// measureAll runs the measurements of cfg.Tests against t in turn. A
-// measurement that fails is recorded in r.Failed and the next one runs; the
-// error returned joins all failures.
-func measureAll(ctx context.Context, cfg *config, t target, logf func(string, ...any)) (results, error) {
-	r := results{Failed: make(map[string]bool)}
-	e := env{cfg: cfg, c: newClient(cfg.Concurrency), t: t}
-	defer e.c.CloseIdleConnections()
-	var errs []error
-	for _, s := range steps {
-		if !slices.Contains(cfg.Tests, s.name) {
-			continue
-		}
-		logf("%s: %s", t.name, s.name)
-		if err := s.run(ctx, e, &r); err != nil {
-			r.Failed[s.name] = true
-			errs = append(errs, fmt.Errorf("%s %s: %w", t.name, s.name, err))
-			if ctx.Err() != nil {
-				break
-			}
-		}
-	}
-	return r, errors.Join(errs...)
-}
-
 // newClient returns an HTTP/1.1 client keeping up to conns connections.
 func newClient(conns int) *http.Client {
 	return &http.Client{Transport: &http.Transport{
@@ -150,9 +140,10 @@ func get(ctx context.Context, c *http.Client, url string) error {
 	return err
 }
 
-// timeSeries runs op warmup times, then times it want times; each part ends
-// early, with the samples it has, when limit passes.
-func timeSeries(ctx context.Context, limit time.Duration, warmup, want int, op func(context.Context) error) (series, error) {
+// timeSeries runs op warmup times, then times it want times, and returns
+// the timed samples; each part ends early, with the samples it has, when
+// limit passes.
+func timeSeries(ctx context.Context, limit time.Duration, warmup, want int, op func(context.Context) error) ([]time.Duration, error) {
 	wctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for range warmup {
@@ -160,7 +151,7 @@ func timeSeries(ctx context.Context, limit time.Duration, warmup, want int, op f
 			if wctx.Err() != nil && ctx.Err() == nil {
 				break // warm enough
 			}
-			return series{}, fmt.Errorf("warm-up: %w", err)
+			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
 	tctx, cancel := context.WithTimeout(ctx, limit)
@@ -172,17 +163,18 @@ func timeSeries(ctx context.Context, limit time.Duration, warmup, want int, op f
 			if tctx.Err() != nil && ctx.Err() == nil && len(samples) > 0 {
 				break // cut short by the limit
 			}
-			return series{}, err
+			return nil, err
 		}
 		samples = append(samples, time.Since(start))
 	}
-	return summarize(samples, want), nil
+	return samples, nil
 }
 
-// summarize returns the percentiles of samples.
+// summarize returns the percentiles of samples, which it leaves as they
+// are.
 func summarize(samples []time.Duration, want int) series {
-	slices.Sort(samples)
-	return series{P50: percentile(samples, 50), P99: percentile(samples, 99), N: len(samples), Want: want}
+	sorted := slices.Sorted(slices.Values(samples))
+	return series{P50: percentile(sorted, 50), P99: percentile(sorted, 99), N: len(sorted), Want: want}
 }
 
 // percentile returns the p-th percentile (nearest rank) of sorted samples.

@@ -159,19 +159,17 @@ func waitListening(ctx context.Context, p *proc, addr string, timeout time.Durat
 	}
 }
 
-// measurePeer starts the peer, measures through it and stops it.
-func measurePeer(ctx context.Context, cfg *config, o fleetOpts, p peer, logf func(string, ...any)) (results, bool, error) {
+// startPeerTarget starts the peer's server and client.
+func startPeerTarget(ctx context.Context, o fleetOpts, p peer, logf func(string, ...any)) (*live, error) {
 	logf("starting the peer %s (%s)", p.name, p.path)
 	o.protocol = p.name
 	f, err := startPeer(ctx, o, p)
 	if err != nil {
-		return results{}, false, err
+		return nil, err
 	}
-	defer f.stop()
-	t := target{name: p.name, base: f.deviceURL(), relay: f.relay, agent: f.agent, backend: o.backend}
-	res, err := measureAll(ctx, cfg, t, logf)
-	if err != nil {
-		err = fmt.Errorf("%w\nserver log:\n%s\nclient log:\n%s", err, f.relay.logTail(10), f.agent.logTail(10))
-	}
-	return res, true, err
+	return &live{name: p.name, peer: true, stop: f.stop,
+		t: target{name: p.name, base: f.deviceURL(), relay: f.relay, agent: f.agent, backend: o.backend},
+		logs: func() string {
+			return fmt.Sprintf("server log:\n%s\nclient log:\n%s", f.relay.logTail(10), f.agent.logTail(10))
+		}}, nil
 }

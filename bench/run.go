@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 )
 
-// run builds what it needs, measures direct, then every protocol through
-// its own relay and agent, and reports.
+// run builds what it needs, starts direct, every protocol through its own
+// relay and agent and every peer, measures them all (see measureRounds),
+// and reports.
 func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "bench: "+format+"\n", args...) }
 	dir, cleanup, err := makeTempDir(cfg.Keep, logf)
@@ -46,23 +49,23 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// measureTargets measures direct and every protocol into rep and returns how
-// many targets had failures; the error is ctx's when the run was interrupted.
+// measureTargets starts direct, every protocol and every peer, measures
+// them into rep (see measureRounds) and returns how many targets had
+// failures; the error is ctx's when the run was interrupted.
 func measureTargets(ctx context.Context, cfg *config, o fleetOpts, rep *report, logf func(string, ...any)) (int, error) {
 	failures := 0
-	logf("measuring direct to the backend at %s", o.backendURL)
-	direct, err := measureAll(ctx, cfg, target{name: "direct", base: o.backendURL, backend: o.backend}, logf)
-	if ctx.Err() != nil {
-		return failures, ctx.Err()
-	}
-	if err != nil {
-		logf("direct: %v\nbackend log:\n%s", err, o.backend.logTail(10))
-		failures++
-	}
-	rep.add("direct", direct)
+	targets := []*live{{name: "direct", t: target{name: "direct", base: o.backendURL, backend: o.backend},
+		logs: func() string { return "backend log:\n" + o.backend.logTail(10) }}}
+	defer func() {
+		for _, l := range slices.Backward(targets) {
+			if l.stop != nil {
+				l.stop()
+			}
+		}
+	}()
 	for _, p := range cfg.Protocols {
 		o.protocol = p
-		res, started, err := measureProtocol(ctx, cfg, o, logf)
+		l, err := startProtocol(ctx, o, logf)
 		switch {
 		case ctx.Err() != nil:
 			return failures, ctx.Err()
@@ -73,29 +76,109 @@ func measureTargets(ctx context.Context, cfg *config, o fleetOpts, rep *report, 
 		case err != nil:
 			logf("protocol %q: %v", p, err)
 			failures++
-		}
-		if started {
-			rep.add(p, res)
-		} else {
 			rep.skip(p, "the relay or the agent did not start: see the log above")
+			continue
 		}
+		targets = append(targets, l)
 	}
 	for _, p := range cfg.Peers {
-		res, started, err := measurePeer(ctx, cfg, o, p, logf)
+		l, err := startPeerTarget(ctx, o, p, logf)
 		switch {
 		case ctx.Err() != nil:
 			return failures, ctx.Err()
 		case err != nil:
 			logf("peer %q: %v", p.name, err)
 			failures++
-		}
-		if started {
-			rep.addPeer(p.name, res)
-		} else {
 			rep.skip(p.name, "the peer's server or client did not start: see the log above")
+			continue
+		}
+		targets = append(targets, l)
+	}
+	measureRounds(ctx, cfg, targets, logf)
+	if ctx.Err() != nil {
+		return failures, ctx.Err()
+	}
+	for _, l := range targets {
+		if err := errors.Join(l.errs...); err != nil {
+			logf("%s: %v\n%s", l.name, err, l.logs())
+			failures++
+		}
+		if l.seen != nil {
+			l.res.ProtocolsSeen = l.seen()
+			if !slices.Equal(l.res.ProtocolsSeen, []string{l.name}) {
+				logf("warning: asked for protocol %q, the agent's log shows %q", l.name, l.res.ProtocolsSeen)
+			}
+		}
+		if l.peer {
+			rep.addPeer(l.name, l.res)
+		} else {
+			rep.add(l.name, l.res)
 		}
 	}
 	return failures, nil
+}
+
+// live is a target started for the run, and what was measured through it.
+type live struct {
+	name string
+	peer bool
+	t    target
+	res  results
+	errs []error
+	c    *http.Client // the target's, for all its measurements
+	// stop stops its processes; logs returns their last lines, for a
+	// failure; seen, for a relay and an agent, the protocols the agent's
+	// log says it connected with.
+	stop func()
+	logs func() string
+	seen func() []string
+}
+
+// measureRounds runs the measurements of cfg.Tests against every target,
+// all of them running throughout. The latency, request-rate and websocket
+// tests run in cfg.Rounds rounds, each target's share of the test (a
+// round's part of its requests, its duration, its echoes) in turn in
+// each round, so that what drifts on the machine over the run (a
+// neighbour's load, the clock's frequency) falls on every target alike,
+// not on whichever was measured last; the others run once per target. A
+// measurement that fails is recorded in the target's results and not run
+// again; the next one runs.
+func measureRounds(ctx context.Context, cfg *config, targets []*live, logf func(string, ...any)) {
+	for _, l := range targets {
+		l.res.Failed = map[string]bool{}
+		l.c = newClient(cfg.Concurrency)
+		defer l.c.CloseIdleConnections()
+	}
+	for _, s := range steps {
+		if !slices.Contains(cfg.Tests, s.name) {
+			continue
+		}
+		rounds, share := 1, *cfg
+		if s.name == testLatency || s.name == testRPS || s.name == testWS {
+			rounds = cfg.Rounds
+			share.N, share.WSRoundTrips = cfg.N/rounds, cfg.WSRoundTrips/rounds
+			share.Duration = cfg.Duration / time.Duration(rounds)
+		}
+		for round := range rounds {
+			for _, l := range targets {
+				if l.res.Failed[s.name] {
+					continue
+				}
+				if rounds > 1 {
+					logf("%s: %s, round %d of %d", l.name, s.name, round+1, rounds)
+				} else {
+					logf("%s: %s", l.name, s.name)
+				}
+				if err := s.run(ctx, env{cfg: &share, c: l.c, t: l.t}, &l.res); err != nil {
+					l.res.Failed[s.name] = true
+					l.errs = append(l.errs, fmt.Errorf("%s %s: %w", l.name, s.name, err))
+					if ctx.Err() != nil {
+						return
+					}
+				}
+			}
+		}
+	}
 }
 
 // binary returns the switchboard binary to run, building it unless -bin names one.
@@ -123,9 +206,9 @@ func prepareProfileDir(cfg *config) error {
 	return nil
 }
 
-// measureProtocol starts a relay and an agent speaking protocol, measures
-// through them and stops them. started reports whether both came up.
-func measureProtocol(ctx context.Context, cfg *config, o fleetOpts, logf func(string, ...any)) (res results, started bool, err error) {
+// startProtocol starts a relay and an agent speaking o.protocol, or the
+// floor's two forwarders.
+func startProtocol(ctx context.Context, o fleetOpts, logf func(string, ...any)) (*live, error) {
 	start := startFleet
 	if o.protocol == floorProtocol {
 		logf("starting two TCP forwarders (the floor)")
@@ -135,23 +218,17 @@ func measureProtocol(ctx context.Context, cfg *config, o fleetOpts, logf func(st
 	}
 	f, err := start(ctx, o)
 	if err != nil {
-		return results{}, false, err
+		return nil, err
 	}
-	defer f.stop()
-	t := target{name: o.protocol, base: f.deviceURL(), relay: f.relay, holder: f.holder, agent: f.agent, relayURL: f.relayURL, backend: o.backend}
+	l := &live{name: o.protocol, stop: f.stop,
+		t: target{name: o.protocol, base: f.deviceURL(), relay: f.relay, holder: f.holder, agent: f.agent, relayURL: f.relayURL, backend: o.backend}}
+	l.logs = func() string {
+		return fmt.Sprintf("relay log:\n%s\nagent log:\n%s\nbackend log:\n%s", f.relay.logTail(10), f.agent.logTail(10), o.backend.logTail(10))
+	}
 	if o.protocol == floorProtocol {
-		t.relayURL = "" // a forwarder has no /healthz of its own
+		l.t.relayURL = "" // a forwarder has no /healthz of its own
+	} else {
+		l.seen = f.protocolsSeen
 	}
-	res, err = measureAll(ctx, cfg, t, logf)
-	if o.protocol == floorProtocol {
-		return res, true, err
-	}
-	res.ProtocolsSeen = f.protocolsSeen()
-	if err != nil {
-		err = fmt.Errorf("%w\nrelay log:\n%s\nagent log:\n%s\nbackend log:\n%s", err, f.relay.logTail(10), f.agent.logTail(10), o.backend.logTail(10))
-	}
-	if !slices.Equal(res.ProtocolsSeen, []string{o.protocol}) {
-		logf("warning: asked for protocol %q, the agent's log shows %q", o.protocol, res.ProtocolsSeen)
-	}
-	return res, true, err
+	return l, nil
 }

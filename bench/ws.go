@@ -27,9 +27,12 @@ func measureWS(ctx context.Context, e env, r *results) error {
 	defer c.CloseNow()
 	msg := make([]byte, e.cfg.WSMessageBytes)
 	op := func(ctx context.Context) error { return wsEchoOnce(ctx, c, msg) }
-	if r.WS, err = timeSeries(ctx, e.cfg.MaxSeries, min(e.cfg.Warmup, 50), e.cfg.WSRoundTrips, op); err != nil {
+	samples, err := timeSeries(ctx, e.cfg.MaxSeries, min(e.cfg.Warmup, 50), e.cfg.WSRoundTrips, op)
+	if err != nil {
 		return err
 	}
+	r.raw.ws, r.raw.wsWant = append(r.raw.ws, samples...), r.raw.wsWant+e.cfg.WSRoundTrips
+	r.WS = summarize(r.raw.ws, r.raw.wsWant)
 	c.Close(websocket.StatusNormalClosure, "")
 	return nil
 }
