@@ -215,16 +215,11 @@ func (c *refusable) WriteTo(w io.Writer) (int64, error) {
 // WriteStep is WriteTo's copy in steps (see mux.StepWriterTo), so that a
 // copy from an idle service waits on a small stack.
 func (c *refusable) WriteStep(w io.Writer) func() (int, error) {
-	sw, ok := c.Conn.(mux.StepWriterTo)
-	if !ok {
-		return mux.WholeStep(func() (int64, error) { return c.WriteTo(w) })
-	}
-	step := sw.WriteStep(w)
-	return func() (int, error) {
-		n, err := step()
+	check := func(err error) error {
 		c.check(err)
-		return n, err
+		return err
 	}
+	return mux.StepsThrough(w, c.Conn, func() (int64, error) { return c.WriteTo(w) }, check)
 }
 
 // CarriedStream returns the stream the service's side is, if it is one:

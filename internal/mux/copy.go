@@ -258,6 +258,22 @@ func WholeStep(copy func() (int64, error)) func() (int, error) {
 	}
 }
 
+// StepsThrough returns the steps of a wrapper's copy to w of src, what it
+// wraps: src's own steps (see StepWriterTo), each step's error passed
+// through errs; or, when src offers none, whole (the wrapper's copy) as
+// one step.
+func StepsThrough(w io.Writer, src io.Reader, whole func() (int64, error), errs func(error) error) func() (int, error) {
+	sw, ok := src.(StepWriterTo)
+	if !ok {
+		return WholeStep(whole)
+	}
+	step := sw.WriteStep(w)
+	return func() (int, error) {
+		n, err := step()
+		return n, errs(err)
+	}
+}
+
 // plan decides how Copy copies src to dst: in steps, or as a whole by
 // the WriteTo or ReadFrom of another type.
 func plan(dst io.Writer, src io.Reader) (step func() (int, error), whole func() (int64, error)) {

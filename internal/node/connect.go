@@ -223,15 +223,7 @@ func (c *serviceConn) WriteTo(w io.Writer) (int64, error) {
 // WriteStep is WriteTo's copy in steps (see mux.StepWriterTo), so that a
 // copy from an idle service waits on a small stack.
 func (c *serviceConn) WriteStep(w io.Writer) func() (int, error) {
-	sw, ok := c.Conn.(mux.StepWriterTo)
-	if !ok {
-		return mux.WholeStep(func() (int64, error) { return c.WriteTo(w) })
-	}
-	step := sw.WriteStep(w)
-	return func() (int, error) {
-		n, err := step()
-		return n, connectError(err)
-	}
+	return mux.StepsThrough(w, c.Conn, func() (int64, error) { return c.WriteTo(w) }, connectError)
 }
 
 // CarriedStream returns the stream to the agent: Write changes only its
