@@ -652,7 +652,7 @@ func (u *upgradedBody) ReadFrom(r io.Reader) (int64, error) {
 // WriteStep and ReadStep are WriteTo's and ReadFrom's copies in steps
 // (see mux.StepWriterTo): the bytes read past the header are the first.
 func (u *upgradedBody) WriteStep(w io.Writer) func() (int, error) {
-	next := u.st.WriteStep(w)
+	next := mux.WriteSteps(u.st, w)
 	return func() (int, error) {
 		if u.br == nil {
 			return next()
@@ -672,7 +672,7 @@ func (u *upgradedBody) WriteStep(w io.Writer) func() (int, error) {
 	}
 }
 
-func (u *upgradedBody) ReadStep(r io.Reader) func() (int, error) { return u.st.ReadStep(r) }
+func (u *upgradedBody) ReadStep(r io.Reader) func() (int, error) { return mux.ReadSteps(u.st, r) }
 
 func (u *upgradedBody) dropReader() {
 	putReader(u.br)

@@ -220,7 +220,7 @@ func (c *stepper) cool() {
 }
 
 // StepWriterTo is a reader whose copy to a writer goes in steps, each a
-// wait for bytes and their write: a stream, or a wrapper of one. Copy and
+// wait for bytes and their write: a wrapper of a stream (see WriteSteps). Copy and
 // Go run its steps as they run a stream's (Go beginning each long wait in
 // a fresh goroutine), where a WriteTo would run the whole copy in the
 // goroutine that called it. A step returns the bytes it wrote, and io.EOF
@@ -235,16 +235,20 @@ type StepReaderFrom interface {
 	ReadStep(r io.Reader) (step func() (int, error))
 }
 
-// WriteStep returns the copy WriteTo makes to w, in steps.
-func (st *Stream) WriteStep(w io.Writer) func() (int, error) {
+// WriteSteps returns the copy st.WriteTo makes to w, in steps, for a
+// wrapper's WriteStep. They are functions, not methods of Stream, so that
+// a wrapper embedding a stream offers steps only when it says so: steps
+// promoted from the stream would pass its own Read and WriteTo by.
+func WriteSteps(st *Stream, w io.Writer) func() (int, error) {
 	if err := st.flushOpen(); err != nil {
 		return func() (int, error) { return 0, err }
 	}
 	return st.writeStep(w)
 }
 
-// ReadStep returns the copy ReadFrom makes from r, in steps.
-func (st *Stream) ReadStep(r io.Reader) func() (int, error) { return readStep(st, r) }
+// ReadSteps returns the copy st.ReadFrom makes from r, in steps, for a
+// wrapper's ReadStep.
+func ReadSteps(st *Stream, r io.Reader) func() (int, error) { return readStep(st, r) }
 
 // WholeStep returns copy, a whole copy, as one step, for a wrapper that
 // offers steps but wraps something that copies only whole.
@@ -263,11 +267,15 @@ func WholeStep(copy func() (int64, error)) func() (int, error) {
 // through errs; or, when src offers none, whole (the wrapper's copy) as
 // one step.
 func StepsThrough(w io.Writer, src io.Reader, whole func() (int64, error), errs func(error) error) func() (int, error) {
-	sw, ok := src.(StepWriterTo)
-	if !ok {
+	var step func() (int, error)
+	switch src := src.(type) {
+	case *Stream:
+		step = WriteSteps(src, w)
+	case StepWriterTo:
+		step = src.WriteStep(w)
+	default:
 		return WholeStep(whole)
 	}
-	step := sw.WriteStep(w)
 	return func() (int, error) {
 		n, err := step()
 		return n, errs(err)
@@ -278,14 +286,20 @@ func StepsThrough(w io.Writer, src io.Reader, whole func() (int64, error), errs 
 // the WriteTo or ReadFrom of another type.
 func plan(dst io.Writer, src io.Reader) (step func() (int, error), whole func() (int64, error)) {
 	srcSocket, dstSocket := kernelSocket(src), kernelSocket(dst)
-	if sw, ok := src.(StepWriterTo); ok {
-		return sw.WriteStep(dst), nil
+	switch src := src.(type) {
+	case *Stream:
+		return WriteSteps(src, dst), nil
+	case StepWriterTo:
+		return src.WriteStep(dst), nil
 	}
 	if wt, ok := src.(io.WriterTo); ok && !srcSocket {
 		return nil, func() (int64, error) { return wt.WriteTo(dst) }
 	}
-	if sr, ok := dst.(StepReaderFrom); ok {
-		return sr.ReadStep(src), nil
+	switch dst := dst.(type) {
+	case *Stream:
+		return readStep(dst, src), nil
+	case StepReaderFrom:
+		return dst.ReadStep(src), nil
 	}
 	if rf, ok := dst.(io.ReaderFrom); ok && !dstSocket {
 		return nil, func() (int64, error) { return rf.ReadFrom(src) }

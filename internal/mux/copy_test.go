@@ -492,8 +492,14 @@ func (w wrapped) Read(p []byte) (int, error)                  { return w.st.Read
 func (w wrapped) Write(p []byte) (int, error)                 { return w.st.Write(p) }
 func (w wrapped) WriteTo(dst io.Writer) (int64, error)        { return w.st.WriteTo(dst) }
 func (w wrapped) ReadFrom(src io.Reader) (int64, error)       { return w.st.ReadFrom(src) }
-func (w wrapped) WriteStep(dst io.Writer) func() (int, error) { return w.st.WriteStep(dst) }
-func (w wrapped) ReadStep(src io.Reader) func() (int, error)  { return w.st.ReadStep(src) }
+func (w wrapped) WriteStep(dst io.Writer) func() (int, error) { return WriteSteps(w.st, dst) }
+func (w wrapped) ReadStep(src io.Reader) func() (int, error)  { return ReadSteps(w.st, src) }
+
+// embedding embeds a stream and copies through a WriteTo of its own (one
+// that translates errors, say): its copies must go through that.
+type embedding struct{ *Stream }
+
+func (e embedding) WriteTo(dst io.Writer) (int64, error) { return e.Stream.WriteTo(dst) }
 
 // whole is a stream under a wrapper that copies only whole.
 type whole struct{ st *Stream }
@@ -505,7 +511,9 @@ func (w whole) ReadFrom(src io.Reader) (int64, error) { return w.st.ReadFrom(src
 
 // TestWrappersOfStreamsCopyInSteps: a copy from or to a wrapper that
 // offers steps runs them (so that Go waits on small stacks), not the
-// wrapper's whole WriteTo or ReadFrom; one that offers none runs whole.
+// wrapper's whole WriteTo or ReadFrom; one that offers none runs whole,
+// and so does one that embeds a stream, whose own WriteTo must not be
+// passed by.
 func TestWrappersOfStreamsCopyInSteps(t *testing.T) {
 	client, server := tcpSessions(t)
 	st, peer := streamPair(t, client, server)
@@ -524,6 +532,7 @@ func TestWrappersOfStreamsCopyInSteps(t *testing.T) {
 		{"to a stepped wrapper", wrapped{st}, sock, true},
 		{"from a wrapper without steps", sock, whole{st}, false},
 		{"to a wrapper without steps", whole{st}, sock, false},
+		{"from a wrapper embedding a stream", sock, embedding{st}, false},
 	} {
 		step, all := plan(tc.dst, tc.src)
 		if got := step != nil && all == nil; got != tc.steps {
