@@ -100,6 +100,12 @@ type Config struct {
 	// lets those in flight finish, and the agent retires its tunnel here.
 	// Optional (default OnCancel's move); it must not block long.
 	OnHandOver func(device, to string)
+	// Answering reports whether this relay hears from relay id directly
+	// now (its watchdog's probes answer): Route keeps sending requests to
+	// a device's recorded holder whose heartbeats stopped reaching NATS
+	// while it answers, since it still holds the device's agents.
+	// Optional: nil trusts heartbeats alone.
+	Answering func(id string) bool
 	// Logger receives transitions; nil discards.
 	Logger *slog.Logger
 }
@@ -154,6 +160,9 @@ func (c *Config) Complete() {
 	}
 	if c.OnPromote == nil {
 		c.OnPromote = func(string, string) {}
+	}
+	if c.Answering == nil {
+		c.Answering = func(string) bool { return false }
 	}
 }
 

@@ -61,8 +61,11 @@ type Member struct {
 	standbys    map[string]bool      // devices this relay recorded itself the standby of
 	heldStandby map[string]string    // the standby relay last recorded for each device held here
 	promoteSub  *nats.Subscription
-	lostMu      sync.Mutex   // guards lostSince, apart from mu: handshakes note into it
-	hk          housekeeping // used by the lease holder's loop only
+	takenSub    *nats.Subscription
+	lostMu      sync.Mutex           // guards lostSince, apart from mu: handshakes note into it
+	sentMu      sync.Mutex           // guards sent, apart from mu: handshakes and Route use it
+	sent        map[string]sentAgent // devices whose agents went from here to another relay (sent.go)
+	hk          housekeeping         // used by the lease holder's loop only
 }
 
 // Open opens the fleet state in st for the relay cfg describes and starts the
@@ -86,6 +89,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		lostSince:   map[string]time.Time{},
 		standbys:    map[string]bool{},
 		heldStandby: map[string]string{},
+		sent:        map[string]sentAgent{},
 	}
 	s, err := ensureState(ctx, st)
 	if err != nil {
@@ -147,6 +151,10 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 	if m.promoteSub, err = m.subscribePromotes(); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("listening for promote requests: %w", err)
+	}
+	if m.takenSub, err = m.subscribeTaken(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("listening for agents taken: %w", err)
 	}
 	if err := m.waitSynced(ctx); err != nil {
 		m.Close()
@@ -213,6 +221,9 @@ func (m *Member) Close() error {
 		}
 		if m.promoteSub != nil {
 			_ = m.promoteSub.Unsubscribe()
+		}
+		if m.takenSub != nil {
+			_ = m.takenSub.Unsubscribe()
 		}
 		m.cancel()
 		m.wg.Wait()
@@ -379,6 +390,7 @@ func (m *Member) reconcileLoop(ctx context.Context) {
 		if err := m.reconcileStandbys(ctx); err != nil && ctx.Err() == nil {
 			m.log.Debug("publishing standbys", logkey.Err, err)
 		}
+		m.forgetSent()
 	})
 }
 

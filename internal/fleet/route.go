@@ -44,11 +44,26 @@ func (m *Member) Known(device string) bool {
 // answers (ranking.State.Answers: fresh, healthy, not vetoed, not
 // excluded), even when it drains —
 // a drain moves nothing mid-flight, and users follow the agents as they
-// move — else Holder's choice.
+// move — else Holder's choice. A recorded relay whose heartbeats no
+// longer reach NATS (it cannot write, but this relay's view is current)
+// answers while this relay hears from it directly (Config.Answering): its
+// agents are still there. On the relay recorded, which an agent of the
+// device left for another relay since (NoteSent), it is that relay while it
+// answers, marked Final: the directory has yet to record the move.
 func (m *Member) Route(device, region string, vetoed func(id string) bool, exclude string) (Target, bool) {
-	if d, found := m.devices.Get(deviceKey(device)); found && d.Agents > 0 {
-		if r, ok := m.relays.Get(d.RelayID); ok && m.view(time.Now()).state(r, vetoed, exclude).Answers() {
-			return m.target(r), true
+	if d, found := m.devices.Get(deviceKey(device)); found {
+		v := m.view(time.Now())
+		if d.RelayID == m.cfg.RelayID {
+			if t, ok := m.sentTo(device, d, v, vetoed, exclude); ok {
+				return t, true
+			}
+		}
+		if r, ok := m.relays.Get(d.RelayID); ok && d.Agents > 0 {
+			st := v.state(r, vetoed, exclude)
+			st.Fresh = st.Fresh || r.ID != m.cfg.RelayID && m.cfg.Answering(r.ID)
+			if st.Answers() {
+				return m.target(r), true
+			}
 		}
 	}
 	return m.Holder(device, region, vetoed, exclude)

@@ -90,6 +90,7 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.Standbys = n.tunnels.Standbys
 	fc.OnPromote = n.onPromote
 	fc.OnHandOver = n.handOver
+	fc.Answering = n.answering
 	n.healthy.Store(true)
 	if n.member, err = fleet.Open(ctx, n.store, fc); err != nil {
 		return fmt.Errorf("join the fleet state: %w", err)

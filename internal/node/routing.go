@@ -240,6 +240,13 @@ func (n *Node) verifyPeer(r *http.Request, device string) (string, error) {
 	return n.signer.Verify(r.Header, device)
 }
 
+// answering reports whether this relay's watchdog hears from relay id now
+// (fleet.Config.Answering); before routing opens it hears from none.
+func (n *Node) answering(id string) bool {
+	w := n.watchdog
+	return w != nil && w.Answering(id)
+}
+
 // Vetoed reports whether this relay's watchdog vetoes the relay id now.
 func (n *Node) Vetoed(id string) bool { return n.watchdog.Vetoed(id) }
 
@@ -268,15 +275,21 @@ func (n *Node) pollVetoed(id string) bool {
 
 // placeAgent places an arriving native agent of device as the placer
 // decides (router.Placer.Place), noting how long ago an agent taken here
-// lost its previous relay.
+// lost its previous relay, and where an agent sent on went or that one
+// came here (fleet.Member.NoteSent, NoteTaken), so that requests follow
+// the agent before the directory records the move.
 func (n *Node) placeAgent(r *http.Request, device string) tunnel.Placement {
 	p := n.placer.Place(device, router.Arrival{
 		Redirected:  r.Header.Get(tunnel.RedirectedHeader) != "",
 		Unreachable: r.Header.Get(tunnel.UnreachableHeader),
 	})
-	if router.Here(p) {
+	switch {
+	case router.Here(p):
+		n.member.NoteTaken(device)
 		n.noteLost(r, device)
 		n.nameStandby(&p, device)
+	case p.Redirect != "":
+		n.member.NoteSent(device, p.Holder)
 	}
 	return p
 }

@@ -90,9 +90,10 @@ func (c *Config) Complete() {
 
 // peerState is what the watchdog knows of one peer.
 type peerState struct {
-	misses    int
-	firstMiss time.Time
-	vetoUntil time.Time
+	misses     int
+	firstMiss  time.Time
+	vetoUntil  time.Time
+	answeredAt time.Time // when a probe last answered
 	// The peer's answered probes' round trips, smoothed as TCP smooths
 	// its own (RFC 6298): the mean and the mean deviation; answered
 	// counts them.
@@ -152,6 +153,20 @@ func (w *Watchdog) Vetoed(id string) bool {
 	defer w.mu.Unlock()
 	s := w.peers[id]
 	return s != nil && time.Now().Before(s.vetoUntil)
+}
+
+// Answering reports whether id answered its last probe, within two
+// intervals and a probe's timeout, and is not vetoed: this relay hears
+// from it now, whatever the fleet state says of its heartbeats.
+func (w *Watchdog) Answering(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.peers[id]
+	if s == nil || s.misses > 0 {
+		return false
+	}
+	now := time.Now()
+	return !now.Before(s.vetoUntil) && now.Sub(s.answeredAt) <= 2*w.cfg.Interval+w.cfg.timeoutFor(s)
 }
 
 // Vetoes returns the ids vetoed now.
@@ -237,7 +252,7 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 	if err == nil {
 		s.sample(now.Sub(start))
 		vetoed := now.Before(s.vetoUntil)
-		s.misses, s.vetoUntil = 0, time.Time{}
+		s.misses, s.vetoUntil, s.answeredAt = 0, time.Time{}, now
 		w.mu.Unlock()
 		if vetoed {
 			w.cfg.Logger.Info("peer answers again; veto cleared", logkey.RelayID, p.ID)

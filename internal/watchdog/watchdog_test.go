@@ -335,3 +335,39 @@ func TestVetoMetrics(t *testing.T) {
 		}
 	})
 }
+
+func TestAnsweringFollowsTheLastProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{Interval: time.Second, Timeout: 700 * time.Millisecond, Misses: 2, VetoTTL: 30 * time.Second})
+		if w.Answering("a") {
+			t.Fatal("a peer never probed is answering")
+		}
+		stop := run(t, w)
+		elapse(1500 * time.Millisecond) // one probe answered
+		if !w.Answering("a") || !w.Answering("b") {
+			t.Fatal("peers that answered their probe are not answering")
+		}
+		f.set(f.down, "a", true)
+		elapse(time.Second) // one miss
+		synctest.Wait()
+		if w.Answering("a") || !w.Answering("b") {
+			t.Fatal("after a's miss: want a not answering, b answering")
+		}
+		f.set(f.down, "a", false)
+		elapse(time.Second)
+		synctest.Wait()
+		if !w.Answering("a") {
+			t.Fatal("a answered again but is not answering")
+		}
+		w.Veto("b", errors.New("refused"))
+		if w.Answering("b") {
+			t.Fatal("a vetoed peer is answering")
+		}
+		stop()
+		elapse(5 * time.Second) // no probes since
+		if w.Answering("a") {
+			t.Fatal("a peer not probed for 5 s is answering")
+		}
+	})
+}
