@@ -15,8 +15,8 @@ import (
 )
 
 // TestIdleV2SessionHoldsOneGoroutine: an idle version 2 session costs the
-// relay one goroutine, the session's reader; the session still leaves the
-// pool when its connection dies.
+// relay at most one goroutine, the session's reader, until it parks; the
+// session still leaves the pool when its connection dies.
 func TestIdleV2SessionHoldsOneGoroutine(t *testing.T) {
 	const n = 20
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -51,9 +51,11 @@ func TestIdleV2SessionHoldsOneGoroutine(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Each pair of ends has the agent's reader and the relay's.
-	if got, want := runtime.NumGoroutine()-before, 2*n; got != want {
-		t.Errorf("%d idle sessions started %d goroutines, want %d (one reader at each end)", n, got, want)
+	// Each pair of ends has at most the agent's reader and the relay's: a
+	// session that has carried no stream for a second parks, holding none
+	// (on a slow machine the first may have by now).
+	if got, want := runtime.NumGoroutine()-before, 2*n; got > want {
+		t.Errorf("%d idle sessions started %d goroutines, want at most %d (one reader at each end)", n, got, want)
 	}
 	for _, a := range agents {
 		a.Close()
