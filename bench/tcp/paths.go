@@ -564,7 +564,7 @@ func printPaths(cfg *config, paths []*path, res map[string]*result) {
 			fmt.Printf("%s against %s: throughput %.2f× (target ≥ 1.5×), round trip p50 %.2f× (target ≤ 1×)\n",
 				name, cfg.peers[0].name, r.mbps/chisel.mbps, float64(r.rttP50)/float64(chisel.rttP50))
 		}
-		if f, c := res[floor3], res["connect"]; f != nil && f.err == nil && c != nil && c.err == nil {
+		if f, c := res[floor3], res["connect"]; f != nil && f.err == nil && f.rttP50 > 0 && c != nil && c.err == nil && chisel.rttP50 > 0 {
 			fmt.Printf("%s against %s: round trip p50 %.2f×; connect against %s: %.2f×\n",
 				floor3, cfg.peers[0].name, float64(f.rttP50)/float64(chisel.rttP50), floor3, float64(c.rttP50)/float64(f.rttP50))
 		}
