@@ -66,11 +66,7 @@ func TestRouteFollowsAnAgentSentAway(t *testing.T) {
 // TestSentAwayEndsWhenTheDeviceComesBack: a note older than the
 // directory's attachment of the device to this relay is not followed.
 func TestSentAwayEndsWhenTheDeviceComesBack(t *testing.T) {
-	f := newTestFleet(t)
-	a, b := f.join(), f.join()
-	a.local.set("robot", Presence{Agents: 1, Protocol: "native"})
-	a.m.Changed()
-	waitHeld(t, "robot", a.m, a.m, b.m)
+	a, b := robotHeldByFirst(t)
 	a.m.NoteSent("robot", b.m.ID())
 	d, _ := a.m.devices.Get(deviceKey("robot"))
 	d.AttachedAt = now().Add(time.Second) // recorded here again after the note
@@ -89,11 +85,7 @@ func TestSentAwayEndsWhenTheDeviceComesBack(t *testing.T) {
 // which then routes the device's requests to it before the directory
 // records the move.
 func TestRouteFollowsAnAgentTakenElsewhere(t *testing.T) {
-	f := newTestFleet(t)
-	a, b := f.join(), f.join()
-	a.local.set("robot", Presence{Agents: 1, Protocol: "native"})
-	a.m.Changed()
-	waitHeld(t, "robot", a.m, a.m, b.m)
+	a, b := robotHeldByFirst(t)
 	a.local.set("robot", Presence{})
 	b.m.NoteTaken("robot") // b's write of the move is still to come
 	eventually(t, 5*time.Second, func() error {
@@ -151,4 +143,15 @@ func TestRouteKeepsAHolderThatAnswers(t *testing.T) {
 	if tg, _ := a.m.Route("robot", "", nil, ""); tg.ID == b.m.ID() {
 		t.Errorf("route to a holder neither beating nor answering = %+v", tg)
 	}
+}
+
+// robotHeldByFirst returns two relays of a fleet, the first holding
+// "robot" in both's view.
+func robotHeldByFirst(t *testing.T) (a, b *node) {
+	f := newTestFleet(t)
+	a, b = f.join(), f.join()
+	a.local.set("robot", Presence{Agents: 1, Protocol: "native"})
+	a.m.Changed()
+	waitHeld(t, "robot", a.m, a.m, b.m)
+	return a, b
 }

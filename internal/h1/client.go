@@ -614,40 +614,12 @@ func (u *upgradedBody) Read(p []byte) (int, error) {
 }
 
 // WriteTo writes what the service sends to w until it half-closes: the
-// bytes read past the header, then the stream's own WriteTo when it has
-// one.
-func (u *upgradedBody) WriteTo(w io.Writer) (int64, error) {
-	var total int64
-	if u.br != nil {
-		if n := u.br.Buffered(); n > 0 {
-			b, _ := u.br.Peek(n)
-			k, err := w.Write(b)
-			u.br.Discard(k)
-			total += int64(k)
-			if err != nil {
-				return total, err
-			}
-		}
-		u.dropReader()
-	}
-	var n int64
-	var err error
-	if wt, ok := any(u.st).(io.WriterTo); ok {
-		n, err = wt.WriteTo(w)
-	} else {
-		n, err = io.Copy(w, onlyReader{u.st})
-	}
-	return total + n, err
-}
+// bytes read past the header, then the stream's own copy.
+func (u *upgradedBody) WriteTo(w io.Writer) (int64, error) { return mux.RunSteps(u.WriteStep(w)) }
 
 // ReadFrom writes what r reads to the service, with the stream's own
-// ReadFrom when it has one.
-func (u *upgradedBody) ReadFrom(r io.Reader) (int64, error) {
-	if rf, ok := any(u.st).(io.ReaderFrom); ok {
-		return rf.ReadFrom(r)
-	}
-	return io.Copy(onlyWriter{u.st}, r)
-}
+// copy.
+func (u *upgradedBody) ReadFrom(r io.Reader) (int64, error) { return mux.RunSteps(u.ReadStep(r)) }
 
 // WriteStep and ReadStep are WriteTo's and ReadFrom's copies in steps
 // (see mux.StepWriterTo): the bytes read past the header are the first.
@@ -745,9 +717,6 @@ var (
 // copyBuffers recycles the buffers of request bodies copied to streams
 // that have no ReadFrom of their own.
 var copyBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
-
-// onlyReader hides a reader's WriteTo from io.Copy.
-type onlyReader struct{ io.Reader }
 
 func getReader(r io.Reader) *bufio.Reader {
 	br := readers.Get().(*bufio.Reader)

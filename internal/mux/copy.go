@@ -220,10 +220,10 @@ func (c *stepper) cool() {
 }
 
 // StepWriterTo is a reader whose copy to a writer goes in steps, each a
-// wait for bytes and their write: a wrapper of a stream (see WriteSteps). Copy and
-// Go run its steps as they run a stream's (Go beginning each long wait in
-// a fresh goroutine), where a WriteTo would run the whole copy in the
-// goroutine that called it. A step returns the bytes it wrote, and io.EOF
+// wait for bytes and their write: a wrapper of a stream (see WriteSteps).
+// Copy and Go run its steps as they run a stream's (Go beginning each
+// long wait in a fresh goroutine), where a WriteTo would run the whole
+// copy in the goroutine that called it. A step returns the bytes it wrote, and io.EOF
 // at the copy's end.
 type StepWriterTo interface {
 	WriteStep(w io.Writer) (step func() (int, error))
@@ -249,6 +249,11 @@ func WriteSteps(st *Stream, w io.Writer) func() (int, error) {
 // ReadSteps returns the copy st.ReadFrom makes from r, in steps, for a
 // wrapper's ReadStep.
 func ReadSteps(st *Stream, r io.Reader) func() (int, error) { return readStep(st, r) }
+
+// RunSteps runs a copy's steps in the calling goroutine until the copy
+// ends, as WriteTo and ReadFrom do: the bytes copied, and the first error
+// other than io.EOF.
+func RunSteps(step func() (int, error)) (int64, error) { return loop(step) }
 
 // WholeStep returns copy, a whole copy, as one step, for a wrapper that
 // offers steps but wraps something that copies only whole.

@@ -439,7 +439,7 @@ func TestBusyCopyStaysInItsGoroutine(t *testing.T) {
 				ids = append(ids, goroutineID())
 				switch len(ids) {
 				case 5:
-					time.Sleep(2 * hotWait) // a long wait, in the bubble's time
+					<-time.After(2 * hotWait) // a long wait, in the bubble's time
 				case 10:
 					return 0, io.EOF
 				}
