@@ -141,6 +141,11 @@ func (f *Fleet) transport(scheme string, upgrade bool) http.RoundTripper {
 // while the request was on its way.
 const MaxHops = 2
 
+// maxUnsent bounds the attempts of a request that found no agent here to
+// take it, which RoundTrip does not count against its four: each waits for
+// a change of the fleet or of this relay's agents (presence).
+const maxUnsent = 16
+
 // RoundTrip implements http.RoundTripper for requests whose URL host is the
 // device name. A failed attempt is followed as decide says: a request that
 // never left goes elsewhere, one lost on the way to the device (its
@@ -154,19 +159,29 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 	spend := carry && f.Spend != nil
 	var st attempts
 	req = noteInformed(req, &st.informed)
-	for range 4 {
-		if f.Agents.HasAgent(device) {
+	here := presence{agents: f.Agents, device: device}
+	unsent := 0 // attempts here that found no agent to take the request
+	for tries := 0; tries < 4; tries++ {
+		if here.has() {
 			if spend {
 				if err := f.Spend.Spend(ticket); err != nil {
 					return nil, err
 				}
 				spend, carry = false, false // spent here: no other relay spends it again
 			}
+			changed := f.Changes.Changed()
 			resp, err := f.Local.RoundTrip(req)
 			switch {
 			case undispatched(err):
 				// The agent left between the check and the dispatch, and
-				// nothing was sent: look again, here and in the fleet.
+				// nothing was sent: look again in the fleet, and here
+				// after the next change (a tunnel that is closing may
+				// still count as ready until the pool removes it).
+				here.doubt = changed
+				if unsent < maxUnsent {
+					unsent++
+					tries-- // nothing was sent: not an attempt
+				}
 			case err != nil && decide(replay.Classify(err), req, &st, true) == replayElsewhere:
 				st.replayed = true // to another agent here, or wherever the device went
 				continue
@@ -174,12 +189,12 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 				return resp, err
 			}
 		}
-		t, ok := f.next(device, exclude)
+		t, ok := f.next(device, exclude, here.has())
 		if !ok || t.Self || t.Address == "" || hops >= MaxHops {
 			if !f.known(device) {
 				return nil, broker.NoAgentError(device)
 			}
-			if t, ok = f.await(req.Context(), device, exclude, hops); !ok {
+			if t, ok = f.await(req.Context(), &here, exclude, hops); !ok {
 				return nil, broker.NoAgentError(device)
 			}
 			if t.Self {
@@ -230,10 +245,11 @@ func (f *Fleet) RoundTrip(req *http.Request) (*http.Response, error) {
 // (it drains or stops) for a device whose agent has gone from here while
 // the directory still names this relay: the request then goes to where the
 // agent is being placed, before the directory says so, and is marked Final
-// to wait there for the agent rather than go on.
-func (f *Fleet) next(device, exclude string) (fleet.Target, bool) {
+// to wait there for the agent rather than go on. here says whether this
+// relay has an agent of the device.
+func (f *Fleet) next(device, exclude string, here bool) (fleet.Target, bool) {
 	t, ok := f.Directory.Route(device, exclude)
-	if ok && t.Self && leaving(f.Status) && !f.Agents.HasAgent(device) && !f.Agents.Remembers(device) {
+	if ok && t.Self && leaving(f.Status) && !here && !f.Agents.Remembers(device) {
 		if h, hok := f.Directory.Holder(device, exclude); hok && !h.Self {
 			h.Final = true
 			return h, true
@@ -314,15 +330,16 @@ func undispatched(err error) bool {
 
 // await waits, up to Grace, for the device to get an agent here (Self) or
 // to be found at another relay that the request may still go to.
-func (f *Fleet) await(ctx context.Context, device, exclude string, hops int) (fleet.Target, bool) {
+func (f *Fleet) await(ctx context.Context, here *presence, exclude string, hops int) (fleet.Target, bool) {
 	timer := time.NewTimer(f.Grace)
 	defer timer.Stop()
 	for {
 		changed := f.Changes.Changed()
-		if f.Agents.HasAgent(device) {
+		has := here.has()
+		if has {
 			return fleet.Target{Self: true}, true
 		}
-		if t, ok := f.next(device, exclude); ok && !t.Self && t.Address != "" && hops < MaxHops {
+		if t, ok := f.next(here.device, exclude, has); ok && !t.Self && t.Address != "" && hops < MaxHops {
 			return t, true
 		}
 		select {
@@ -333,6 +350,30 @@ func (f *Fleet) await(ctx context.Context, device, exclude string, hops int) (fl
 			return fleet.Target{}, false
 		}
 	}
+}
+
+// presence is what a request believes of this relay's agent of its
+// device: Agents.HasAgent, except that after an attempt found no agent here
+// to take it, none is believed here until the next change of this relay's
+// agents or of the fleet (doubt closes). Otherwise a tunnel that still
+// counts as ready while it closes would spend the request's attempts in a
+// moment, and answer 503 while the device's agent is on its way elsewhere.
+type presence struct {
+	agents Agents
+	device string
+	doubt  <-chan struct{}
+}
+
+func (p *presence) has() bool {
+	if p.doubt != nil {
+		select {
+		case <-p.doubt:
+			p.doubt = nil
+		default:
+			return false
+		}
+	}
+	return p.agents.HasAgent(p.device)
 }
 
 // forward sends req to the relay t as /client/<device>/<path>, as its

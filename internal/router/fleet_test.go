@@ -124,6 +124,14 @@ func (agentHere) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader("here")), Request: req}, nil
 }
 
+// agentGone answers every request as a relay whose agent of the device
+// has just gone.
+type agentGone struct{}
+
+func (agentGone) RoundTrip(req *http.Request) (*http.Response, error) {
+	return nil, broker.NoAgentError(req.URL.Host)
+}
+
 // loopFleet is a Fleet over fakes: no socket is opened.
 func loopFleet(t *testing.T, s *fakeState, peers *fakePeers) *Fleet {
 	t.Helper()
@@ -162,6 +170,7 @@ func TestRoundTripLoop(t *testing.T) {
 		hops    int                // hops the request already made
 		refused []string           // peer hosts that refuse connections
 		later   func(s *fakeState) // a change one second in, if any
+		closing bool               // the agent here takes no request, though HasAgent says it is there
 		answer  string             // "" for a 503 (no agent)
 		tried   []string           // forwards, as "host hops"
 		vetoed  []string
@@ -169,6 +178,9 @@ func TestRoundTripLoop(t *testing.T) {
 	}{
 		{name: "an agent here", state: &fakeState{hasAgent: true, routes: map[string]fleet.Target{"": r2}},
 			answer: "here"},
+		{name: "an agent here that closes: the request waits for the fleet to say where the device went",
+			state: &fakeState{known: true, hasAgent: true, routes: map[string]fleet.Target{"": self}}, closing: true,
+			later: func(s *fakeState) { s.routes = map[string]fleet.Target{"": r3} }, answer: "r3", tried: []string{"r3 1"}, waited: time.Second},
 		{name: "forwarded to the holder", state: &fakeState{routes: map[string]fleet.Target{"": r2}},
 			answer: "r2", tried: []string{"r2 1"}},
 		{name: "a refused holder is vetoed, the next relay answers", state: &fakeState{routes: map[string]fleet.Target{"": r2, r2.ID: r3}},
@@ -211,6 +223,9 @@ func TestRoundTripLoop(t *testing.T) {
 					peers.refused[h] = true
 				}
 				f := loopFleet(t, s, peers)
+				if c.closing {
+					f.Local.LongPoll = agentGone{}
+				}
 				ctx := context.Background()
 				if c.hops > 0 {
 					ctx = peer.WithForwarded(ctx, "rl-00000009", c.hops)
@@ -278,14 +293,14 @@ func TestNextFollowsTheAgentOffALeavingRelay(t *testing.T) {
 			s.holders = map[string]fleet.Target{"": r3}
 		}
 		f := &Fleet{Directory: fakeDirectory{s}, Agents: s, Status: s}
-		if got, ok := f.next("dev", ""); !ok || got != c.want {
+		if got, ok := f.next("dev", "", s.hasAgent); !ok || got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
 	// A device held elsewhere goes there, leaving or not.
 	s := &fakeState{draining: true, routes: map[string]fleet.Target{"": r2}, holders: map[string]fleet.Target{"": r3}}
 	f := &Fleet{Directory: fakeDirectory{s}, Agents: s, Status: s}
-	if got, _ := f.next("dev", ""); got != r2 {
+	if got, _ := f.next("dev", "", s.hasAgent); got != r2 {
 		t.Errorf("held elsewhere, draining: %+v, want %+v", got, r2)
 	}
 }
