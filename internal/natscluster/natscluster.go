@@ -82,11 +82,19 @@ func Start(ctx context.Context, server, dir string, n int) (*Cluster, error) {
 			return nil, err
 		}
 	}
+	// Every node must answer for JetStream, not just one: a client that
+	// connects to a node not yet routed to the others gets no responders.
 	err := poll(ctx, 30*time.Second, func(ctx context.Context) error {
-		return c.withJetStream(ctx, func(js jetstream.JetStream) error {
-			_, err := js.AccountInfo(ctx)
-			return err
-		})
+		for _, nd := range c.nodes {
+			err := withJetStream(nd.url(), func(js jetstream.JetStream) error {
+				_, err := js.AccountInfo(ctx)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("node %s: %w", nd.name, err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		c.Stop()
@@ -99,7 +107,7 @@ func Start(ctx context.Context, server, dir string, n int) (*Cluster, error) {
 func (c *Cluster) URLs() []string {
 	var urls []string
 	for _, nd := range c.nodes {
-		urls = append(urls, "nats://127.0.0.1:"+strconv.Itoa(nd.port))
+		urls = append(urls, nd.url())
 	}
 	return urls
 }
@@ -127,7 +135,7 @@ func (c *Cluster) Restart(i int) error {
 // leader and every replica of it is current.
 func (c *Cluster) Ready(ctx context.Context, within time.Duration) error {
 	return poll(ctx, within, func(ctx context.Context) error {
-		return c.withJetStream(ctx, func(js jetstream.JetStream) error {
+		return c.withJetStream(func(js jetstream.JetStream) error {
 			streams := js.ListStreams(ctx)
 			n := 0
 			for info := range streams.Info() {
@@ -162,8 +170,14 @@ func (c *Cluster) Stop() {
 
 // withJetStream calls f with a JetStream context on a fresh connection to
 // the cluster.
-func (c *Cluster) withJetStream(ctx context.Context, f func(jetstream.JetStream) error) error {
-	nc, err := nats.Connect(strings.Join(c.URLs(), ","), nats.Timeout(time.Second))
+func (c *Cluster) withJetStream(f func(jetstream.JetStream) error) error {
+	return withJetStream(strings.Join(c.URLs(), ","), f)
+}
+
+// withJetStream calls f with a JetStream context on a fresh connection to
+// the servers at urls, comma-separated.
+func withJetStream(urls string, f func(jetstream.JetStream) error) error {
+	nc, err := nats.Connect(urls, nats.Timeout(time.Second))
 	if err != nil {
 		return err
 	}
@@ -174,6 +188,9 @@ func (c *Cluster) withJetStream(ctx context.Context, f func(jetstream.JetStream)
 	}
 	return f(js)
 }
+
+// url is the node's client URL.
+func (nd *node) url() string { return "nats://127.0.0.1:" + strconv.Itoa(nd.port) }
 
 // start runs the node's nats-server, its output appended to its log.
 func (nd *node) start(server string) error {
