@@ -41,6 +41,13 @@ const (
 	// NoStandby) pings as tunnel.Liveness's defaults say.
 	DefaultStandbyPingInterval = 25 * time.Second
 	DefaultStandbyPingTimeout  = 10 * time.Second
+	// DefaultPromotionWait is Config.PromotionWait's default. A holder
+	// that crashed closes every connection to it at once: the standby's
+	// relay, whose probe connection to it closed too, finds it refusing
+	// and promotes the standby within milliseconds (watchdog.ProbeSoon).
+	// A holder that closed only this tunnel (a cancel) is alive and
+	// promotes nothing, and the agent connects again after the wait.
+	DefaultPromotionWait = 150 * time.Millisecond
 )
 
 // Config configures an agent. Zero fields take the defaults named on them.
@@ -108,6 +115,10 @@ type Config struct {
 	// off: a version 2 tunnel over an HTTP/1.1 Upgrade keeps one at the
 	// relay its holder names (docs/design/hot-standby.md).
 	NoStandby bool
+	// PromotionWait is how long an agent whose tunnel closed waits for its
+	// standby's relay to promote the standby before it connects again.
+	// Default DefaultPromotionWait.
+	PromotionWait time.Duration
 	// MaxChunkSize caps the response bytes posted per chunk. Default 1 MiB.
 	MaxChunkSize int
 	// BlockSize is the read size from the backend. Default 64 KiB.
@@ -140,6 +151,9 @@ func (c *Config) Complete() {
 		}
 	}
 	c.Liveness = c.Liveness.WithDefaults()
+	if c.PromotionWait <= 0 {
+		c.PromotionWait = DefaultPromotionWait
+	}
 	if c.MaxChunkSize <= 0 {
 		c.MaxChunkSize = DefaultMaxChunkSize
 	}

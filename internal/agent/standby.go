@@ -187,6 +187,9 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 		case <-cur.done:
 			next, ok := promotedAlready(sb.run)
 			if !ok {
+				next, ok = awaitPromotion(ctx, sb.run, a.cfg.PromotionWait)
+			}
+			if !ok {
 				return cur, false
 			}
 			cur = a.adopt(w, cur, sb, next)
@@ -240,6 +243,24 @@ func promotedAlready(run *tunnelRun) (string, bool) {
 	default:
 		return "", false
 	}
+}
+
+// awaitPromotion waits up to wait (Config.PromotionWait) for run, the
+// standby, to be promoted; it returns the next standby's id when it was.
+func awaitPromotion(ctx context.Context, run *tunnelRun, wait time.Duration) (string, bool) {
+	if run == nil {
+		return "", false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case next := <-run.promoted:
+		return next, true
+	case <-run.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return "", false
 }
 
 // adopt makes sb's standby the agent's tunnel, retires the old one, and

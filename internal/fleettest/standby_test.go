@@ -228,6 +228,51 @@ func TestFrozenHolderMovesToStandby(t *testing.T) {
 	})
 }
 
+// TestKilledHolderMovesToStandbyAtOnce: a holder that dies (its address
+// refuses connections, and every connection to it closes, as SIGKILL
+// does) loses its device to the standby relay by promotion: the standby
+// relay's probe connection to it closes, its probe is refused, it vetoes
+// the holder and promotes the standby, and the agent, whose tunnel closed
+// at the same moment, waits for that promotion instead of connecting
+// again.
+func TestKilledHolderMovesToStandbyAtOnce(t *testing.T) {
+	relays, fz := standbyFleet(t, 2, nil)
+	holder, others := HolderFor(t, relays, "robot-1")
+	sb := others[0]
+	killed := fz[slices.Index(relays, holder)]
+	backend := newBackend(t, "b")
+	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
+	user := FleetToken(t, relays, auth.KindUser, "u", "robot-1")
+	logs := &testkit.Buffer{}
+	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
+		c.Relays = []*url.URL{mustParse(t, killed.URL())} // through the freezer
+		c.Liveness.Interval, c.Liveness.Timeout = 2*time.Second, 30*time.Second
+		c.PromotionWait = 5 * time.Second // the machine may be loaded: the promotion, not its speed, is tested here
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	holder.WaitDevice(t, "robot-1")
+	standbyOf(t, holder, sb, "robot-1")
+	connects := sb.Node.TunnelConnects()
+
+	killed.close()
+	died := time.Now()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
+	Eventually(t, 8*time.Second, func() error { return userGet(c, sb, "robot-1", user) })
+	t.Logf("served through the standby %v after the holder died", time.Since(died).Round(time.Millisecond))
+	Eventually(t, 5*time.Second, func() error {
+		if n := logs.Count("agent moved to its standby tunnel"); n != 1 {
+			return fmt.Errorf("the agent learnt of %d promotions, want 1:\n%s", n, logs)
+		}
+		return nil
+	})
+	if got := sb.Node.TunnelConnects(); got != connects+1 {
+		t.Fatalf("the standby relay took %d tunnels, want the promoted one alone\n%s", got-connects, logs)
+	}
+	if n := logs.Count("agent disconnected"); n != 0 {
+		t.Fatalf("the agent reconnected (%d disconnections) rather than follow the promotion:\n%s", n, logs)
+	}
+}
+
 // requestLoop sends GETs for device through each relay, one after another,
 // until stop is closed, and counts those that fail.
 type requestLoop struct {

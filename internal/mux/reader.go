@@ -136,8 +136,12 @@ func (s *Session) handle(h header, payload []byte, owned bool) error {
 		if !s.goneAway && s.peerAway != nil {
 			close(s.peerAway)
 		}
+		first := !s.goneAway
 		s.goneAway = true
 		s.mu.Unlock()
+		if first && s.cfg.OnGoAway != nil {
+			s.cfg.OnGoAway()
+		}
 	}
 	return nil
 }

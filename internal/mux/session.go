@@ -72,6 +72,9 @@ type Config struct {
 	// DeadAfter, if set, closes the session with ErrTimeout when nothing
 	// was read for that long.
 	DeadAfter time.Duration
+	// OnGoAway, if set, is called when the peer sends GOAWAY, from the
+	// goroutine that reads the connection: it must not block.
+	OnGoAway func()
 }
 
 func (c *Config) complete() {
@@ -269,6 +272,14 @@ func (s *Session) Ping(ctx context.Context) (time.Duration, error) {
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
+}
+
+// GoneAway reports whether the peer sent GOAWAY: Open fails with
+// ErrGoAway.
+func (s *Session) GoneAway() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.goneAway
 }
 
 // PeerGoneAway is closed when the peer sends GOAWAY: it opens no more

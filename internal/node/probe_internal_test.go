@@ -40,7 +40,7 @@ func TestProbeTimeoutKeepsTheConnection(t *testing.T) {
 	defer srv.Close()
 	defer close(release)
 
-	tr := newProbeTransport(nil)
+	tr := newProbeTransport(nil, func(string) {})
 	defer tr.CloseIdleConnections()
 	probe := func(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -67,5 +67,45 @@ func TestProbeTimeoutKeepsTheConnection(t *testing.T) {
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("%d connections for 4 probes, want 1", n)
+	}
+}
+
+// TestProbeConnectionClosedByPeer: a probe connection that the peer closes
+// (a relay that crashed closes them all) is told, with the peer's address,
+// while one that this relay closes is not.
+func TestProbeConnectionClosedByPeer(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	defer srv.Close()
+	closed := make(chan string, 4)
+	tr := newProbeTransport(nil, func(addr string) { closed <- addr })
+	probe := func() {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+probePath, nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	probe()
+	srv.CloseClientConnections()
+	select {
+	case addr := <-closed:
+		if addr != srv.Listener.Addr().String() {
+			t.Errorf("told of %s closing, want %s", addr, srv.Listener.Addr())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("not told that the peer closed the probe connection")
+	}
+	probe() // a new connection
+	tr.CloseIdleConnections()
+	select {
+	case addr := <-closed:
+		t.Errorf("told of %s closing, which this side closed", addr)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -3,10 +3,13 @@ package node
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,7 +47,7 @@ func (n *Node) openRouting(ctx context.Context) error {
 	if n.signer, err = peer.NewSigner(n.secrets, n.member.ID()); err != nil {
 		return err
 	}
-	probe := &http.Client{Transport: newProbeTransport(n.peerTLS)}
+	probe := &http.Client{Transport: newProbeTransport(n.peerTLS, n.peerConnClosed)}
 	n.probeClient = probe
 	wc := n.cfg.Watchdog
 	wc.Logger = n.log.With(logkey.Component, routingComponent)
@@ -186,15 +189,24 @@ func (c codeSpender) Spend(t access.Ticket) error { return c.n.spendCode(t) }
 // per peer (h2c for http:// peers, by ALPN for https://). A probe that times
 // out resets its stream, not the connection, so a slow peer is not also
 // asked for a new TCP connection on every probe; a peer frozen or gone
-// still misses every probe.
+// still misses every probe. closed is told the address of each connection
+// that the peer closed (or reset): a relay whose process died.
 type probeTransport struct {
 	h2c, tls *http.Transport
 }
 
-func newProbeTransport(peerTLS *tls.Config) *probeTransport {
+func newProbeTransport(peerTLS *tls.Config, closed func(addr string)) *probeTransport {
+	dialer := &net.Dialer{Timeout: time.Second}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &closeWatch{Conn: c, closed: func() { closed(addr) }}, nil
+	}
 	t := func(p func(*http.Protocols)) *http.Transport {
 		tr := &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+			DialContext:         dial,
 			TLSClientConfig:     peerTLS.Clone(), // for peers advertised at https:// URLs
 			MaxIdleConnsPerHost: 2,
 			DisableCompression:  true,
@@ -219,6 +231,50 @@ func (t *probeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func (t *probeTransport) CloseIdleConnections() {
 	t.h2c.CloseIdleConnections()
 	t.tls.CloseIdleConnections()
+}
+
+// closeWatch is a probe connection that tells, once, when its peer closed
+// it: HTTP/2 reads its connection all the time, so that is at once.
+type closeWatch struct {
+	net.Conn
+	once   sync.Once
+	closed func()
+}
+
+func (c *closeWatch) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		c.once.Do(c.closed) // not this relay closing it
+	}
+	return n, err
+}
+
+// peerConnClosed asks the watchdog to probe at once the relay at addr
+// (host:port), a probe connection to which its peer closed: a relay that
+// crashed refuses the probe, and is vetoed without waiting for its misses.
+func (n *Node) peerConnClosed(addr string) {
+	w := n.watchdog
+	if w == nil {
+		return
+	}
+	for _, p := range n.watchedPeers() {
+		if u, err := url.Parse(p.Address); err == nil && hostPort(u) == addr {
+			w.ProbeSoon(p)
+			return
+		}
+	}
+}
+
+// hostPort is u's host and port, the scheme's default port if none.
+func hostPort(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // watchedPeers are the other relays that beat within the lost window, in

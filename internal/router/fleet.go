@@ -328,10 +328,14 @@ func undispatched(err error) bool {
 		errors.Is(err, broker.ErrNoAgent) && !errors.Is(err, broker.ErrPickup)
 }
 
-// await waits, up to Grace, for the device to get an agent here (Self) or
-// to be found at another relay that the request may still go to.
+// await waits for the device to get an agent here (Self) or to be found at
+// another relay that the request may still go to, up to Grace over all of
+// a request's waits.
 func (f *Fleet) await(ctx context.Context, here *presence, exclude string, hops int) (fleet.Target, bool) {
-	timer := time.NewTimer(f.Grace)
+	if here.until.IsZero() {
+		here.until = time.Now().Add(f.Grace) // one Grace for all of a request's waits
+	}
+	timer := time.NewTimer(time.Until(here.until))
 	defer timer.Stop()
 	for {
 		changed := f.Changes.Changed()
@@ -362,6 +366,7 @@ type presence struct {
 	agents Agents
 	device string
 	doubt  <-chan struct{}
+	until  time.Time // when the request's wait for an agent ends (await)
 }
 
 func (p *presence) has() bool {

@@ -91,3 +91,54 @@ func TestHTTPStreamLeavingEnds(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRetiredSessionIsNotReady: a version 2 session whose agent sent
+// GOAWAY (it retires the tunnel, whose streams may go on for hours) takes
+// no new stream, so the device is not Ready through it, and the pool
+// tells of the change at once for requests that wait.
+func TestRetiredSessionIsNotReady(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pool := NewPool(Liveness{Interval: time.Hour, Timeout: time.Hour}, nil)
+	defer pool.Close()
+	changed := make(chan struct{}, 16)
+	pool.OnChange = func() { changed <- struct{}{} }
+	services, err := service.ParseAnnouncement(announce(t, service.Service{Name: service.Default, Kind: service.HTTP, Addr: "127.0.0.1:1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentEnd, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := mux.New(agentEnd, mux.Config{Client: true})
+	defer agent.Close()
+	relayEnd, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.AddV2(relayEnd, "dev", "", "", services); err != nil {
+		t.Fatal(err)
+	}
+	<-changed // joined
+	if !pool.Ready("dev") {
+		t.Fatal("a new session is not ready")
+	}
+	if err := agent.GoAway(0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pool did not tell of the agent's GOAWAY")
+	}
+	if pool.Ready("dev") {
+		t.Error("the device is ready through a session its agent retired")
+	}
+	if _, err := pool.OpenHTTP(context.Background(), "dev"); !errors.Is(err, ErrNoAgent) {
+		t.Errorf("a stream opened on a retired session: %v, want ErrNoAgent", err)
+	}
+}

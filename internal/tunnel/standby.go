@@ -100,7 +100,8 @@ func AgentPing(r *http.Request) time.Duration {
 func (p *Pool) newV2Session(conn net.Conn, device, agentID, instance string, services map[string]service.Announced, agentPing time.Duration, gone func(*Session)) *Session {
 	every := max(p.live.Interval, agentPing)
 	ms := mux.New(conn, mux.Config{
-		RefuseStreams: true, // the agent opens nothing
+		RefuseStreams: true,      // the agent opens nothing
+		OnGoAway:      p.changed, // the agent retires it: requests waiting look elsewhere
 		MaxWindow:     MaxWindow,
 		PingAfter:     2 * every,
 		DeadAfter:     2*every + p.live.Timeout/2,

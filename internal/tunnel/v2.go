@@ -192,12 +192,14 @@ func (c *muxCarrier) mapError(err error) error {
 
 func (c *muxCarrier) canTake() bool { return !c.closing() }
 
+// closing reports whether the session ended, or its agent sent GOAWAY (it
+// retires the tunnel): no stream opens on it any more.
 func (c *muxCarrier) closing() bool {
 	select {
 	case <-c.ms.Done():
 		return true
 	default:
-		return false
+		return c.ms.GoneAway()
 	}
 }
 
@@ -247,7 +249,8 @@ func (c *muxCarrier) close() error {
 // itself when its connection dies.
 func (p *Pool) AddV2(conn net.Conn, device, agentID, instance string, services map[string]service.Announced) (*Session, error) {
 	ms := mux.New(conn, mux.Config{
-		RefuseStreams: true, // the agent opens nothing
+		RefuseStreams: true,      // the agent opens nothing
+		OnGoAway:      p.changed, // the agent retires it: requests waiting look elsewhere
 		MaxWindow:     MaxWindow,
 		PingAfter:     2 * p.live.Interval,
 		DeadAfter:     2*p.live.Interval + p.live.Timeout/2,

@@ -1,9 +1,11 @@
 // Package watchdog keeps a relay's opinion of its peers: it probes each on a
 // short interval and vetoes a peer that misses enough probes in a row, or
-// at once when the data path finds it refusing connections. A veto expires
-// after a TTL, so a watchdog that stops probing degrades to heartbeat
-// staleness instead of pinning a stale opinion, and a probe that answers
-// clears it. Vetoes say nothing about draining: drain holds are a separate
+// at once when it refuses a connection, a probe's or the data path's. A
+// connection to a peer that closes asks for a probe at once (ProbeSoon):
+// a crashed relay's peers see all their connections to it close together.
+// A veto expires after a TTL, so a watchdog that stops probing degrades to
+// heartbeat staleness instead of pinning a stale opinion, and a probe that
+// answers clears it. Vetoes say nothing about draining: drain holds are a separate
 // set, kept in the fleet state, and clearing a veto never clears one.
 package watchdog
 
@@ -12,6 +14,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -139,12 +142,14 @@ type Watchdog struct {
 
 	mu    sync.Mutex
 	peers map[string]*peerState
+
+	soon chan Peer // peers to probe before their next interval (ProbeSoon)
 }
 
 // New returns a watchdog; Run starts its probes.
 func New(cfg Config) *Watchdog {
 	cfg.Complete()
-	return &Watchdog{cfg: cfg, metrics: newMetrics(cfg.Metrics), peers: map[string]*peerState{}}
+	return &Watchdog{cfg: cfg, metrics: newMetrics(cfg.Metrics), peers: map[string]*peerState{}, soon: make(chan Peer, soonQueue)}
 }
 
 // Vetoed reports whether id is vetoed now.
@@ -207,7 +212,24 @@ func (w *Watchdog) state(id string) *peerState {
 	return s
 }
 
-// Run probes every peer each Interval until ctx ends.
+// soonQueue bounds the probes asked for by ProbeSoon and not yet started.
+const soonQueue = 16
+
+// ProbeSoon probes p now rather than at its next interval: a connection to
+// it closed, which a relay that crashed does to all of them at once. A
+// probe it refuses vetoes it at once (see probe), so the fleet moves a
+// crashed relay's devices within milliseconds rather than after its
+// missed probes. Asks beyond a small queue are dropped: the regular
+// probes follow anyway.
+func (w *Watchdog) ProbeSoon(p Peer) {
+	select {
+	case w.soon <- p:
+	default:
+	}
+}
+
+// Run probes every peer each Interval, and those ProbeSoon names at once,
+// until ctx ends.
 func (w *Watchdog) Run(ctx context.Context) {
 	t := time.NewTicker(w.cfg.Interval)
 	defer t.Stop()
@@ -217,6 +239,9 @@ func (w *Watchdog) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case p := <-w.soon:
+			wg.Go(func() { w.probe(ctx, p) })
+			continue
 		case <-t.C:
 		}
 		peers := w.cfg.Peers()
@@ -267,14 +292,22 @@ func (w *Watchdog) probe(ctx context.Context, p Peer) {
 		}
 	}
 	s.misses++
-	fire := s.misses >= w.cfg.Misses && !now.Before(s.vetoUntil)
+	// A peer that refuses the connection is not there: its process is
+	// gone, and missing more probes would only keep its devices waiting.
+	refused := errors.Is(err, syscall.ECONNREFUSED)
+	fire := (s.misses >= w.cfg.Misses || refused) && !now.Before(s.vetoUntil)
 	if fire {
 		s.vetoUntil = now.Add(w.cfg.VetoTTL)
 	}
 	after := now.Sub(s.firstMiss)
 	w.mu.Unlock()
-	if fire {
+	switch {
+	case fire && refused:
+		w.cfg.Logger.Warn("peer vetoed: it refused a probe's connection", logkey.RelayID, p.ID, logkey.Err, err)
+	case fire:
 		w.cfg.Logger.Warn("peer vetoed: it missed its probes", logkey.RelayID, p.ID, logkey.Misses, w.cfg.Misses, logkey.Err, err)
+	}
+	if fire {
 		w.metrics.vetoed(CauseProbes, after)
 		w.cfg.OnVeto(p.ID, after, err)
 	}

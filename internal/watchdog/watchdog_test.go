@@ -3,7 +3,10 @@ package watchdog
 import (
 	"context"
 	"errors"
+	"net"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -27,7 +30,8 @@ func elapse(d time.Duration) { <-time.After(d) }
 // fakePeers is a set of peers whose probes the test controls.
 type fakePeers struct {
 	mu     sync.Mutex
-	down   map[string]bool          // probe fails at once (refused)
+	down   map[string]bool          // probe fails at once (an error that is not a refusal)
+	gone   map[string]bool          // probe's connection refused (ECONNREFUSED): the process is gone
 	frozen map[string]bool          // probe hangs until its deadline
 	slow   map[string]time.Duration // probe answers after this long (a distant peer)
 	vetoes []vetoRecord
@@ -48,7 +52,7 @@ func (f *fakePeers) set(m map[string]bool, id string, v bool) {
 
 func (f *fakePeers) probe(ctx context.Context, p Peer) error {
 	f.mu.Lock()
-	down, frozen, slow := f.down[p.ID], f.frozen[p.ID], f.slow[p.ID]
+	down, gone, frozen, slow := f.down[p.ID], f.gone[p.ID], f.frozen[p.ID], f.slow[p.ID]
 	f.mu.Unlock()
 	if slow > 0 {
 		select {
@@ -62,7 +66,9 @@ func (f *fakePeers) probe(ctx context.Context, p Peer) error {
 		<-ctx.Done()
 		return ctx.Err()
 	case down:
-		return errors.New("connection refused")
+		return errors.New("probe answered 503")
+	case gone:
+		return &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 	}
 	return nil
 }
@@ -135,6 +141,39 @@ func TestMissesVetoThenProbeClears(t *testing.T) {
 			t.Errorf("clears %v", f.clears)
 		}
 		f.mu.Unlock()
+	})
+}
+
+// TestRefusedProbeVetoesAtOnce: a peer whose probe's connection is refused
+// (its process is gone) is vetoed by that one probe, and ProbeSoon, asked
+// when a connection to it closed, probes it before its next interval.
+func TestRefusedProbeVetoesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, gone: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{Interval: time.Second, Timeout: 700 * time.Millisecond, Misses: 2, VetoTTL: 30 * time.Second})
+		stop := run(t, w)
+		defer stop()
+		elapse(1500 * time.Millisecond) // one healthy probe each
+		f.set(f.gone, "a", true)
+		died := time.Now()
+		w.ProbeSoon(Peer{ID: "a"})
+		synctest.Wait()
+		if !w.Vetoed("a") || w.Vetoed("b") {
+			t.Fatalf("vetoes %v right after a refused probe asked for, want [a]", w.Vetoes())
+		}
+		f.mu.Lock()
+		if len(f.vetoes) != 1 || !f.vetoes[0].at.Equal(died) {
+			t.Errorf("veto records %+v, want one for a at %v", f.vetoes, died)
+		}
+		f.mu.Unlock()
+
+		// Without ProbeSoon, the next regular probe that is refused vetoes.
+		f.set(f.gone, "b", true)
+		elapse(time.Second)
+		synctest.Wait()
+		if !w.Vetoed("b") {
+			t.Fatal("b's one refused probe did not veto it")
+		}
 	})
 }
 

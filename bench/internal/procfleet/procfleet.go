@@ -223,6 +223,12 @@ func (f *Fleet) AddRelay(ctx context.Context) (*Relay, error) {
 	}
 	f.mu.Unlock()
 	err := f.start(ctx, r)
+	for try := 1; err != nil && try < startTries && r.exited(); try++ {
+		// Most likely a port taken between freePortOn and the relay's
+		// listen, by another test's process: take two others.
+		r.Port, r.AdminPort = freePortOn(host), freePortOn(host)
+		err = f.start(ctx, r)
+	}
 	f.mu.Lock()
 	f.relays = append(f.relays, r) // once its id is known; even when it failed, for Logs
 	f.mu.Unlock()
@@ -460,6 +466,10 @@ func get(c *http.Client, u string) error {
 	}
 	return nil
 }
+
+// startTries bounds the starts of a new relay whose process exits before
+// it is ready.
+const startTries = 3
 
 // freePortOn returns a TCP port free on host a moment ago.
 func freePortOn(host string) string {

@@ -96,6 +96,12 @@ func (r *Relay) process() *Proc {
 	return r.proc
 }
 
+// exited reports whether the relay's process started and has exited.
+func (r *Relay) exited() bool {
+	p := r.process()
+	return p != nil && p.Exited()
+}
+
 func (r *Relay) setProcess(p *Proc) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
