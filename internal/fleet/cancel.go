@@ -55,6 +55,12 @@ func (m *Member) subscribeCancels() (*nats.Subscription, error) {
 			m.cfg.OnSendBack(c.Device, c.By)
 			return
 		}
+		if c.Moved && ValidRelayID(c.By) {
+			// The device's agent is at By now, which this relay's
+			// mirror of the directory may not show for a while (NATS
+			// electing its leaders): Route sends its requests there.
+			m.NoteSent(c.Device, c.By)
+		}
 		if c.Promoted && c.Moved && c.RelayID == m.cfg.RelayID {
 			m.log.Info("handing a device over to its standby", logkey.Device, c.Device, logkey.By, c.By)
 			m.cfg.OnHandOver(c.Device, c.By)

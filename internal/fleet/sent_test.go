@@ -155,3 +155,19 @@ func robotHeldByFirst(t *testing.T) (a, b *node) {
 	waitHeld(t, "robot", a.m, a.m, b.m)
 	return a, b
 }
+
+// TestRouteFollowsAMoveItIsToldOf: the relay that a move's cancel message
+// names as the device's old holder (the new holder wrote the move, which
+// this relay's mirror does not show yet) routes the device's requests to
+// the new holder at once.
+func TestRouteFollowsAMoveItIsToldOf(t *testing.T) {
+	a, b := robotHeldByFirst(t)
+	a.local.set("robot", Presence{})
+	b.m.publishCancel(cancelMsg{Device: "robot", RelayID: a.m.ID(), Reason: "the device moved to relay " + b.m.ID(), Moved: true, Promoted: true, By: b.m.ID()})
+	eventually(t, 5*time.Second, func() error {
+		if tg, ok := a.m.Route("robot", "", nil, ""); !ok || tg.ID != b.m.ID() || !tg.Final {
+			return fmt.Errorf("route on %s = %+v, %v; want %s, final", a.m.ID(), tg, ok, b.m.ID())
+		}
+		return nil
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/control"
 	"github.com/switchboard-relay/switchboard/internal/natscluster"
 	"github.com/switchboard-relay/switchboard/internal/node"
+	"github.com/switchboard-relay/switchboard/internal/testkit"
 )
 
 // natsServer returns a nats-server binary: SWITCHBOARD_NATS_SERVER, or one
@@ -70,8 +72,17 @@ func fleetOnANATSCluster(t *testing.T, bin string, standby bool) {
 	t.Cleanup(cluster.Stop)
 	onCluster := func(c *node.Config) { c.NATS, c.NATSReplicas, c.HotStandby = cluster.URLs(), 3, standby }
 	var relays []*Relay
-	for range 3 {
-		relays = append(relays, StartRelay(t, FastFleet, onCluster))
+	for i := range 3 {
+		// What each relay logged ends a failure's report: a request that
+		// failed while the cluster healed is told by what the relays did.
+		logs := &testkit.Buffer{}
+		logged := func(c *node.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) }
+		relays = append(relays, StartRelay(t, FastFleet, onCluster, logged))
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("relay %d (%s), its last log lines:\n%s", i, relays[i].Node.Fleet().ID(), logs.Tail(60))
+			}
+		})
 	}
 	backend := newBackend(t, "cluster").URL
 	var devices []string

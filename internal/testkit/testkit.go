@@ -52,3 +52,9 @@ func (b *Buffer) String() string {
 
 // Count returns how many times s was written so far.
 func (b *Buffer) Count(s string) int { return strings.Count(b.String(), s) }
+
+// Tail returns the last n lines written so far.
+func (b *Buffer) Tail(n int) string {
+	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
