@@ -175,28 +175,41 @@ func TestStandbyRefusedByOlderRelay(t *testing.T) {
 	}
 }
 
+// standingBy starts two relays behind freezers and an agent of robot-1 on
+// its holder, through the holder's freezer, pinging slowly (it notices
+// nothing by itself), with its standby tunnel at the other relay; opts
+// apply to the agent's configuration last. It returns the standby relay,
+// the holder's freezer, a user token for robot-1, the agent's logs, and
+// how many tunnels the standby relay had taken.
+func standingBy(t *testing.T, opts ...func(*agent.Config)) (sb *Relay, holderFz *freezer, user string, logs *testkit.Buffer, connects int64) {
+	t.Helper()
+	relays, fz := standbyFleet(t, 2, nil)
+	holder, others := HolderFor(t, relays, "robot-1")
+	sb, holderFz = others[0], fz[slices.Index(relays, holder)]
+	backend := newBackend(t, "b")
+	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
+	user = FleetToken(t, relays, auth.KindUser, "u", "robot-1")
+	logs = &testkit.Buffer{}
+	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
+		c.Relays = []*url.URL{mustParse(t, holderFz.URL())} // through the freezer
+		c.Liveness.Interval, c.Liveness.Timeout = 2*time.Second, 30*time.Second
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		for _, o := range opts {
+			o(c)
+		}
+	})
+	holder.WaitDevice(t, "robot-1")
+	standbyOf(t, holder, sb, "robot-1")
+	return sb, holderFz, user, logs, sb.Node.TunnelConnects()
+}
+
 // TestFrozenHolderMovesToStandby freezes the relay holding a device, for
 // its peers and its agent alike: the standby relay's watchdog vetoes it,
 // promotes the standby tunnel, and users' requests are served through it
 // while the agent has not noticed anything itself (its pings wait far
 // longer) and never reconnects.
 func TestFrozenHolderMovesToStandby(t *testing.T) {
-	relays, fz := standbyFleet(t, 2, nil)
-	holder, others := HolderFor(t, relays, "robot-1")
-	sb := others[0]
-	frozen := fz[slices.Index(relays, holder)]
-	backend := newBackend(t, "b")
-	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
-	user := FleetToken(t, relays, auth.KindUser, "u", "robot-1")
-	logs := &testkit.Buffer{}
-	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
-		c.Relays = []*url.URL{mustParse(t, frozen.URL())} // through the freezer
-		c.Liveness.Interval, c.Liveness.Timeout = 2*time.Second, 30*time.Second
-		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	})
-	holder.WaitDevice(t, "robot-1")
-	standbyOf(t, holder, sb, "robot-1")
-	connects := sb.Node.TunnelConnects()
+	sb, frozen, user, logs, connects := standingBy(t)
 
 	frozen.freeze()
 	froze := time.Now()
@@ -236,23 +249,9 @@ func TestFrozenHolderMovesToStandby(t *testing.T) {
 // at the same moment, waits for that promotion instead of connecting
 // again.
 func TestKilledHolderMovesToStandbyAtOnce(t *testing.T) {
-	relays, fz := standbyFleet(t, 2, nil)
-	holder, others := HolderFor(t, relays, "robot-1")
-	sb := others[0]
-	killed := fz[slices.Index(relays, holder)]
-	backend := newBackend(t, "b")
-	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
-	user := FleetToken(t, relays, auth.KindUser, "u", "robot-1")
-	logs := &testkit.Buffer{}
-	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
-		c.Relays = []*url.URL{mustParse(t, killed.URL())} // through the freezer
-		c.Liveness.Interval, c.Liveness.Timeout = 2*time.Second, 30*time.Second
+	sb, killed, user, logs, connects := standingBy(t, func(c *agent.Config) {
 		c.PromotionWait = 5 * time.Second // the machine may be loaded: the promotion, not its speed, is tested here
-		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	holder.WaitDevice(t, "robot-1")
-	standbyOf(t, holder, sb, "robot-1")
-	connects := sb.Node.TunnelConnects()
 
 	killed.close()
 	died := time.Now()

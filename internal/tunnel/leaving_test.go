@@ -16,35 +16,7 @@ import (
 // context; the one its streams get ends when the session is drained (it
 // then takes no new stream) or when it leaves the pool.
 func TestHTTPStreamLeavingEnds(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	pool := NewPool(Liveness{Interval: time.Hour, Timeout: time.Hour}, nil)
-	defer pool.Close()
-	services, err := service.ParseAnnouncement(announce(t, service.Service{Name: service.Default, Kind: service.HTTP, Addr: "127.0.0.1:1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	add := func(device string) (*Session, *mux.Session) {
-		t.Helper()
-		agentEnd, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		agent := mux.New(agentEnd, mux.Config{Client: true})
-		t.Cleanup(func() { agent.Close() })
-		relayEnd, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := pool.AddV2(relayEnd, device, "", "", services)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s, agent
-	}
+	pool, add := v2Pool(t)
 	done := func(ctx context.Context) bool {
 		select {
 		case <-ctx.Done():
@@ -92,37 +64,51 @@ func TestHTTPStreamLeavingEnds(t *testing.T) {
 	})
 }
 
+// v2Pool returns a pool, closed when the test ends, and add, which joins
+// a version 2 session of device to it over a loopback connection and
+// returns it and the agent's end.
+func v2Pool(t *testing.T) (*Pool, func(device string) (*Session, *mux.Session)) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	pool := NewPool(Liveness{Interval: time.Hour, Timeout: time.Hour}, nil)
+	t.Cleanup(pool.Close)
+	services, err := service.ParseAnnouncement(announce(t, service.Service{Name: service.Default, Kind: service.HTTP, Addr: "127.0.0.1:1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, func(device string) (*Session, *mux.Session) {
+		t.Helper()
+		agentEnd, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		agent := mux.New(agentEnd, mux.Config{Client: true})
+		t.Cleanup(func() { agent.Close() })
+		relayEnd, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := pool.AddV2(relayEnd, device, "", "", services)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, agent
+	}
+}
+
 // TestRetiredSessionIsNotReady: a version 2 session whose agent sent
 // GOAWAY (it retires the tunnel, whose streams may go on for hours) takes
 // no new stream, so the device is not Ready through it, and the pool
 // tells of the change at once for requests that wait.
 func TestRetiredSessionIsNotReady(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	pool := NewPool(Liveness{Interval: time.Hour, Timeout: time.Hour}, nil)
-	defer pool.Close()
+	pool, add := v2Pool(t)
 	changed := make(chan struct{}, 16)
 	pool.OnChange = func() { changed <- struct{}{} }
-	services, err := service.ParseAnnouncement(announce(t, service.Service{Name: service.Default, Kind: service.HTTP, Addr: "127.0.0.1:1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentEnd, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := mux.New(agentEnd, mux.Config{Client: true})
-	defer agent.Close()
-	relayEnd, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.AddV2(relayEnd, "dev", "", "", services); err != nil {
-		t.Fatal(err)
-	}
+	_, agent := add("dev")
 	<-changed // joined
 	if !pool.Ready("dev") {
 		t.Fatal("a new session is not ready")
