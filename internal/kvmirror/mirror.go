@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -198,7 +199,9 @@ func (m *Mirror[T]) watchOnce(ctx context.Context) error {
 	var w jetstream.KeyWatcher
 	var err error
 	if len(m.cfg.Keys) > 0 {
-		w, err = m.kv.WatchFiltered(wctx, m.cfg.Keys)
+		// A copy: the client prefixes the keys it is given in place, and
+		// the next watch would filter on the prefixed names.
+		w, err = m.kv.WatchFiltered(wctx, slices.Clone(m.cfg.Keys))
 	} else {
 		w, err = m.kv.WatchAll(wctx)
 	}

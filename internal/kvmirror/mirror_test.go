@@ -282,6 +282,27 @@ func TestKeysLimitTheWatch(t *testing.T) {
 	}
 }
 
+// TestKeysWatchAgainWhenItEnds: a mirror limited to keys starts its watch
+// again after it ended, as one of the whole bucket does (the watch must
+// not be handed a slice it may rewrite: the client prefixes the keys in
+// place).
+func TestKeysWatchAgainWhenItEnds(t *testing.T) {
+	_, kv := bucket(t)
+	put(t, kv, "mine", 1)
+	tap := testkit.NewKVTap(kv)
+	m := New[item](tap, nil, Config[item]{Keys: []string{"mine"}})
+	start(t, m)
+	for i := range 2 {
+		tap.EndWatches()
+		put(t, kv, "mine", i+2)
+		tap.Release()
+		eventually(t, 3*RetryDelay, func() error { return holds(m, map[string]int{"mine": i + 2}) })
+	}
+	if synced, loads := m.Status(); !synced || loads != 3 {
+		t.Errorf("Status = %v, %d; want true, 3", synced, loads)
+	}
+}
+
 // TestWaitSaysWhyTheReadFails: a mirror of a bucket that is gone keeps
 // trying, and Wait names the failure when its context ends.
 func TestWaitSaysWhyTheReadFails(t *testing.T) {
