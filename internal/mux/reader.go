@@ -133,11 +133,11 @@ func (s *Session) handle(h header, payload []byte, owned bool) error {
 		s.pong(h.value)
 	case typeGoAway:
 		s.mu.Lock()
-		if !s.goneAway && s.peerAway != nil {
+		first := !s.goneAway.Load()
+		if first && s.peerAway != nil {
 			close(s.peerAway)
 		}
-		first := !s.goneAway
-		s.goneAway = true
+		s.goneAway.Store(true)
 		s.mu.Unlock()
 		if first && s.cfg.OnGoAway != nil {
 			s.cfg.OnGoAway()

@@ -115,7 +115,7 @@ type Session struct {
 	nextID   uint32             // the id of the next stream this end opens
 	peerID   uint32             // the highest id the peer opened
 	pingSeq  uint32
-	goneAway bool                     // the peer accepts no new streams
+	goneAway atomic.Bool              // the peer accepts no new streams; set under mu, read without it by GoneAway
 	peerAway chan struct{}            // PeerGoneAway's; made when first asked for
 	err      error                    // why the session ended; nil while it runs
 	backlog  []*Stream                // streams the peer opened, waiting for Accept
@@ -194,7 +194,7 @@ func (s *Session) Open(ctx context.Context, meta []byte) (*Stream, error) {
 		err := s.err
 		s.mu.Unlock()
 		return nil, err
-	case s.goneAway:
+	case s.goneAway.Load():
 		s.mu.Unlock()
 		return nil, ErrGoAway
 	case s.nextID >= 1<<31:
@@ -276,11 +276,7 @@ func (s *Session) Ping(ctx context.Context) (time.Duration, error) {
 
 // GoneAway reports whether the peer sent GOAWAY: Open fails with
 // ErrGoAway.
-func (s *Session) GoneAway() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.goneAway
-}
+func (s *Session) GoneAway() bool { return s.goneAway.Load() }
 
 // PeerGoneAway is closed when the peer sends GOAWAY: it opens no more
 // streams on this session, whose streams open finish as they would.
@@ -289,7 +285,7 @@ func (s *Session) PeerGoneAway() <-chan struct{} {
 	defer s.mu.Unlock()
 	if s.peerAway == nil {
 		s.peerAway = make(chan struct{})
-		if s.goneAway {
+		if s.goneAway.Load() {
 			close(s.peerAway)
 		}
 	}

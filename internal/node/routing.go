@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/internal/access"
@@ -449,27 +450,27 @@ func (a *answerWatch) Unwrap() http.ResponseWriter { return a.ResponseWriter }
 
 // changeHub wakes whoever waits for the next change of this relay's agents
 // or of the fleet state.
+// Changed is read by every request the relay's own agents take, so it
+// takes no lock.
 type changeHub struct {
-	mu sync.Mutex
-	ch chan struct{}
+	ch atomic.Pointer[chan struct{}]
 }
 
-func newChangeHub() *changeHub { return &changeHub{ch: make(chan struct{})} }
+func newChangeHub() *changeHub {
+	h := &changeHub{}
+	ch := make(chan struct{})
+	h.ch.Store(&ch)
+	return h
+}
 
 // signal wakes the current waiters.
 func (h *changeHub) signal() {
-	h.mu.Lock()
-	close(h.ch)
-	h.ch = make(chan struct{})
-	h.mu.Unlock()
+	next := make(chan struct{})
+	close(*h.ch.Swap(&next)) // each signal closes the channel it replaced
 }
 
 // Changed returns a channel closed at the next signal.
-func (h *changeHub) Changed() <-chan struct{} {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.ch
-}
+func (h *changeHub) Changed() <-chan struct{} { return *h.ch.Load() }
 
 // noteLost passes on how long ago an arriving agent lost its previous
 // relay, for the device's move event.
