@@ -604,3 +604,44 @@ func TestAgo(t *testing.T) {
 		}
 	}
 }
+
+// A fleet's device list is read whole however many devices it has, up to
+// MaxAnswerBytes: ten thousand devices are more than 1 MiB of JSON.
+func TestListDevicesOfALargeFleet(t *testing.T) {
+	f := newAdminFixture(t)
+	seen := time.Now()
+	f.fleet.devices = nil
+	for i := range 10000 {
+		f.fleet.devices = append(f.fleet.devices, fleet.DeviceStatus{Name: fmt.Sprintf("robot-%05d", i), RelayID: "rl-00000001",
+			AttachedAt: seen, Agents: 1, Protocol: "native", Fresh: true, State: fleet.StateOnline, Standby: "rl-00000002"})
+	}
+	c := &Client{BaseURL: f.page.URL, Token: f.admin, HTTPClient: f.page.Client()}
+	ds, err := c.ListDevices(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 10000 || ds[9999].Name != "robot-09999" || ds[9999].Standby != "rl-00000002" {
+		t.Fatalf("got %d devices, the last %+v", len(ds), ds[len(ds)-1])
+	}
+}
+
+// An answer larger than the client reads is an error that says so, not a
+// truncated decode.
+func TestAnswerLargerThanTheClientReads(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `["`)
+		chunk := strings.Repeat("x", 1<<20)
+		for range MaxAnswerBytes>>20 + 1 {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+		}
+		io.WriteString(w, `"]`)
+	}))
+	defer srv.Close()
+	c := &Client{BaseURL: srv.URL, Token: "t", HTTPClient: srv.Client()}
+	_, err := c.ListDevices(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "larger than the 64 MiB this client reads") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -27,6 +27,11 @@ const (
 // MaxBodyBytes is the largest request body the operator API reads.
 const MaxBodyBytes = 1 << 20
 
+// MaxAnswerBytes is the largest answer the Client reads. A device list is
+// about 250 bytes a device, so this holds a fleet of about 250,000; an
+// error answer is read up to MaxBodyBytes.
+const MaxAnswerBytes = 64 << 20
+
 // TokenRequest is the body of POST /api/v1/tokens.
 type TokenRequest struct {
 	// Kind is "agent" (serves devices) or "user" (uses devices).

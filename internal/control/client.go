@@ -73,14 +73,17 @@ func (c *Client) do(ctx context.Context, method, path string, in any, want int, 
 		return fmt.Errorf("%w at %s: %w", ErrUnreachable, c.BaseURL, err)
 	}
 	defer resp.Body.Close()
-	body := io.LimitReader(resp.Body, MaxBodyBytes)
 	if resp.StatusCode != want {
-		return apiError(resp.StatusCode, body)
+		return apiError(resp.StatusCode, io.LimitReader(resp.Body, MaxBodyBytes))
 	}
 	if out == nil {
 		return nil
 	}
+	body := &io.LimitedReader{R: resp.Body, N: MaxAnswerBytes}
 	if err := json.NewDecoder(body).Decode(out); err != nil {
+		if body.N <= 0 {
+			return fmt.Errorf("%s %s: the answer is larger than the %d MiB this client reads", method, path, MaxAnswerBytes>>20)
+		}
 		return fmt.Errorf("%s %s: decoding the answer: %w", method, path, err)
 	}
 	return nil
