@@ -48,6 +48,9 @@ const (
 	// A holder that closed only this tunnel (a cancel) is alive and
 	// promotes nothing, and the agent connects again after the wait.
 	DefaultPromotionWait = 150 * time.Millisecond
+	// DefaultStandbySpread is Config.StandbySpread's default: 10,000
+	// agents named a standby at once dial it at about 2,000 a second.
+	DefaultStandbySpread = 5 * time.Second
 )
 
 // Config configures an agent. Zero fields take the defaults named on them.
@@ -119,6 +122,12 @@ type Config struct {
 	// standby's relay to promote the standby before it connects again.
 	// Default DefaultPromotionWait.
 	PromotionWait time.Duration
+	// StandbySpread bounds the random wait before the agent dials a
+	// standby its holder named after it connected (a relay joined the
+	// fleet, or the standby it kept went): the holder names one to all of
+	// its devices' agents in one round, and the relay named is not dialled
+	// by all of them in one moment. Default DefaultStandbySpread.
+	StandbySpread time.Duration
 	// MaxChunkSize caps the response bytes posted per chunk. Default 1 MiB.
 	MaxChunkSize int
 	// BlockSize is the read size from the backend. Default 64 KiB.
@@ -153,6 +162,9 @@ func (c *Config) Complete() {
 	c.Liveness = c.Liveness.WithDefaults()
 	if c.PromotionWait <= 0 {
 		c.PromotionWait = DefaultPromotionWait
+	}
+	if c.StandbySpread <= 0 {
+		c.StandbySpread = DefaultStandbySpread
 	}
 	if c.MaxChunkSize <= 0 {
 		c.MaxChunkSize = DefaultMaxChunkSize

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -199,13 +200,16 @@ func (a *Agent) hold(ctx context.Context, wg *sync.WaitGroup, w *walker, cur *tu
 			// The holder names a standby when the directory records none:
 			// one standing by, or being dialled, is on its way there, but
 			// one refused or failing gives way to the holder's choice.
+			// The holder names it to all of its devices' agents in one
+			// round (a relay joined): each waits a random part of
+			// StandbySpread before dialling.
 			if sb.run == nil && !sb.dialing {
 				sb.want = a.standbyFor(cur, r.ID)
 				sb.wantURL, _ = url.Parse(r.URL)
 				if sb.retry != nil {
 					sb.retry.Stop()
-					sb.retry = nil
 				}
+				sb.retry = time.NewTimer(rand.N(a.cfg.StandbySpread))
 			}
 		case <-sbDone:
 			sb.run = nil

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -95,32 +97,55 @@ func (m *Member) subscribePromotes() (*nats.Subscription, error) {
 
 // reconcileStandbys records this relay in the directory as the standby of
 // each device it keeps a standby tunnel for while another relay holds the
-// device, and clears the mark of those it no longer keeps one for.
+// device, and clears the mark of those it no longer keeps one for. The
+// writes go out reconcileParallel at a time, as reconcile's do: a relay
+// that joins a fleet of thousands of devices is named the standby of
+// thousands at once.
 func (m *Member) reconcileStandbys(ctx context.Context) error {
 	kept := m.cfg.Standbys()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var errs []error
+	var marks, clears []string
 	for dev := range kept {
 		entry, ok := m.devices.Get(deviceKey(dev))
 		if !ok || entry.RelayID == m.cfg.RelayID || entry.Standby == m.cfg.RelayID {
 			continue
 		}
-		if err := m.markStandby(ctx, dev, true); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		m.standbys[dev] = true
+		marks = append(marks, dev)
 	}
 	for dev := range m.standbys {
-		if kept[dev] > 0 {
-			continue
+		if kept[dev] == 0 {
+			clears = append(clears, dev)
 		}
-		if err := m.markStandby(ctx, dev, false); err != nil {
-			errs = append(errs, err)
-			continue
+	}
+	type result struct {
+		dev string
+		on  bool
+		err error
+	}
+	results := make(chan result, len(marks)+len(clears))
+	sem := make(chan struct{}, reconcileParallel)
+	var wg sync.WaitGroup
+	for i, dev := range slices.Concat(marks, clears) {
+		on := i < len(marks)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			results <- result{dev: dev, on: on, err: m.markStandby(ctx, dev, on)}
+		})
+	}
+	wg.Wait()
+	close(results)
+	var errs []error
+	for r := range results {
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.on:
+			m.standbys[r.dev] = true
+		default:
+			delete(m.standbys, r.dev)
 		}
-		delete(m.standbys, dev)
 	}
 	return errors.Join(errs...)
 }

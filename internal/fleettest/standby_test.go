@@ -444,7 +444,7 @@ func TestStandbyNamedLater(t *testing.T) {
 	})
 	backend := newBackend(t, "b")
 	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
-	StartAgent(t, holder, device, backend.URL, agentTok)
+	StartAgent(t, holder, device, backend.URL, agentTok, func(c *agent.Config) { c.StandbySpread = 100 * time.Millisecond })
 	holder.WaitDevice(t, device)
 	if n := later.Node.Standbys()[device]; n != 0 {
 		t.Fatalf("a draining relay keeps %d standbys", n)
