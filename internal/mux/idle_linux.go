@@ -1,10 +1,13 @@
 package mux
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // rawReader reads a socket with its own system calls, so that an idle
@@ -22,9 +25,21 @@ type rawReader struct {
 	// true makes the read return errIdle, and the reader parks the session
 	// (see park_linux.go), or, if it cannot (noPark), waits in a fresh
 	// goroutine after this one read something (see Session.readLoop).
-	idle   func() bool
+	// Otherwise it says how long until the session is idle if nothing
+	// happens (0: not by time alone), and the wait is cut then (kick), so
+	// that a session that falls quiet parks then, not at the next bytes
+	// its peer sends, which for an agent that pings every 25 s is a long
+	// wait with a goroutine's stack held.
+	idle   func() (bool, time.Duration)
 	read1  bool // this goroutine has read something
 	noPark bool // parking failed: wait in the runtime's poller
+
+	// conn is the socket, whose read deadline cuts a wait for idleness;
+	// kicking, that the deadline is set for it (an atomic for the tests:
+	// only the reader touches it). The session owns the socket's read
+	// deadline.
+	conn    net.Conn
+	kicking atomic.Bool
 
 	// Parking's, guarded by parking.mu: the socket is registered with the
 	// epoll instance (perhaps disabled by its last event), under which
@@ -55,7 +70,7 @@ func newRawReader(c net.Conn, sawRead func(n int, err error)) *rawReader {
 	if err != nil {
 		return nil
 	}
-	r := &rawReader{raw: raw, sawRead: sawRead}
+	r := &rawReader{raw: raw, sawRead: sawRead, conn: c}
 	r.fn = r.attempt
 	return r
 }
@@ -74,9 +89,14 @@ func (r *rawReader) attempt(fd uintptr) bool {
 			if r.w == 0 {
 				putChunk(r.buf) // hold no buffer while the connection is idle
 				r.buf = nil
-				if r.idle != nil && (r.read1 || !r.noPark) && r.idle() {
-					r.n, r.err = 0, errIdle
-					return true
+				if r.idle != nil && (r.read1 || !r.noPark) {
+					idle, in := r.idle()
+					if idle {
+						r.unkick()
+						r.n, r.err = 0, errIdle
+						return true
+					}
+					r.kick(in)
 				}
 			}
 			return false
@@ -101,6 +121,34 @@ func (r *rawReader) attempt(fd uintptr) bool {
 // begin starts the reads of a goroutine: its first read waits.
 func (r *rawReader) begin() { r.read1 = false }
 
+// kick cuts the wait about to begin after in (none if in is 0, or one is
+// set already: the session's idleness is asked again when it ends).
+func (r *rawReader) kick(in time.Duration) {
+	if in <= 0 || r.kicking.Load() {
+		return
+	}
+	if r.conn.SetReadDeadline(time.Now().Add(in)) == nil {
+		r.kicking.Store(true)
+	}
+}
+
+func (r *rawReader) unkick() {
+	if r.kicking.Load() {
+		r.kicking.Store(false)
+		r.conn.SetReadDeadline(time.Time{})
+	}
+}
+
+// kicked reports whether err is the end of a wait that kick cut, and
+// clears the deadline: the read is to be tried again.
+func (r *rawReader) kicked(err error) bool {
+	if !r.kicking.Load() || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	r.unkick()
+	return true
+}
+
 // read reads into buf[w:], taking a buffer first if buf is nil. It
 // returns the buffer it holds after the read (nil if none) and the bytes
 // read. A buffer smaller than the reads now ask for is swapped for a
@@ -121,13 +169,19 @@ func (r *rawReader) read(buf []byte, w int) ([]byte, int, error) {
 		}
 	}
 	r.buf, r.w, r.n, r.err = buf, w, 0, nil
-	if err := r.raw.Read(r.fn); err != nil {
+	for {
+		err := r.raw.Read(r.fn)
+		if err == nil {
+			return r.buf, r.n, r.err
+		}
+		if r.kicked(err) {
+			continue // the attempt asks whether the session is idle now
+		}
 		if r.sawRead != nil {
 			r.sawRead(0, err)
 		}
 		return r.buf, 0, err
 	}
-	return r.buf, r.n, r.err
 }
 
 // idleSocket reads a socket that a copy waits on (see Copy) with its own

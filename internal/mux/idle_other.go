@@ -5,12 +5,13 @@ package mux
 import (
 	"io"
 	"net"
+	"time"
 )
 
 // rawReader is Linux-only; elsewhere a session reads through the net.Conn
 // and keeps its read buffer.
 type rawReader struct {
-	idle   func() bool
+	idle   func() (bool, time.Duration)
 	noPark bool
 }
 
@@ -23,6 +24,8 @@ func newRawReader(net.Conn, func(int, error)) *rawReader { return nil }
 func (*rawReader) begin() { panic("unreachable") }
 
 func (*rawReader) read(buf []byte, w int) ([]byte, int, error) { panic("unreachable") }
+
+func (*rawReader) kicked(error) bool { return false }
 
 // idleSocket is Linux-only too; elsewhere a copy from a socket holds its
 // buffer while it waits.

@@ -296,3 +296,87 @@ func TestCloseRacesTheWake(t *testing.T) {
 		return nil
 	})
 }
+
+// TestQuietSessionsParkWithoutBytes: a session parks once it has carried
+// no stream for handOffAfter, though its peer sends nothing after that (an
+// agent that pings every 25 s): both ends of new sessions, and of sessions
+// whose one stream has ended.
+func TestQuietSessionsParkWithoutBytes(t *testing.T) {
+	quickIdle(t)
+	var all []*Session
+	for range 20 {
+		c, s := tcpPair(t)
+		client, server := sessions(t, c, s, Config{}, Config{})
+		all = append(all, client, server)
+	}
+	waitParked(t, all...)
+
+	client, server := all[0], all[1]
+	st, err := client.Open(context.Background(), []byte("svc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Write([]byte("ask")); err != nil {
+		t.Fatal(err)
+	}
+	peer := accept(t, server)
+	if _, err := io.ReadFull(peer, make([]byte, 3)); err != nil {
+		t.Fatal(err)
+	}
+	peer.Close()
+	st.Close()
+	waitParked(t, client, server)
+}
+
+// TestCutWaitForIdlenessLosesNothing: the deadline that cuts a new
+// session's wait for idleness may fall while the reader waits for the rest
+// of a large frame, read outside the reader's buffer; the read goes on and
+// the frame arrives whole.
+func TestCutWaitForIdlenessLosesNothing(t *testing.T) {
+	d := handOffAfter
+	t.Cleanup(func() { handOffAfter = d })
+	handOffAfter = 300 * time.Millisecond // well after the frame's first half is sent
+	c, s := tcpPair(t)
+	defer c.Close()
+	server := New(s, Config{})
+	defer server.Close()
+	kicking := func(want bool) {
+		t.Helper()
+		testkit.Eventually(t, 10*time.Second, func() error {
+			if server.raw.kicking.Load() != want {
+				return fmt.Errorf("the wait for idleness is cut: %v, want %v", !want, want)
+			}
+			return nil
+		})
+	}
+	kicking(true) // the reader waits, to be cut 300 ms after the session began
+
+	meta := []byte("svc")
+	payload := make([]byte, 2*largePayload)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	var hdr [headerLen]byte
+	header{typ: typeOpen, stream: 1, value: uint32(len(meta))}.encode(&hdr)
+	first := append(hdr[:], meta...)
+	header{typ: typeData, stream: 1, value: uint32(len(payload))}.encode(&hdr)
+	first = append(append(first, hdr[:]...), payload[:len(payload)/2]...)
+	if _, err := c.Write(first); err != nil {
+		t.Fatal(err)
+	}
+	kicking(false) // cut while the reader waits for the frame's rest
+	if _, err := c.Write(payload[len(payload)/2:]); err != nil {
+		t.Fatal(err)
+	}
+	st := accept(t, server)
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(st, got); err != nil {
+		t.Fatalf("reading the frame: %v (session: %v)", err, server.Err())
+	}
+	if string(got) != string(payload) {
+		t.Fatal("the frame arrived changed")
+	}
+	if err := server.Err(); err != nil {
+		t.Fatalf("the session ended: %v", err)
+	}
+}

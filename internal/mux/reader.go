@@ -266,11 +266,16 @@ func (s *Session) pong(value uint32) {
 // read reads the session's connection, telling its Transparent wrappers
 // what the read returned.
 func (s *Session) read(p []byte) (int, error) {
-	n, err := s.sock.Read(p)
-	if s.sawRead != nil {
-		s.sawRead(n, err)
+	for {
+		n, err := s.sock.Read(p)
+		if n == 0 && s.raw != nil && s.raw.kicked(err) {
+			continue // a cut wait for idleness, not the peer's
+		}
+		if s.sawRead != nil {
+			s.sawRead(n, err)
+		}
+		return n, err
 	}
-	return n, err
 }
 
 // sessionReader is the session's connection as an io.Reader, through

@@ -438,12 +438,18 @@ func (s *Session) addLocked(st *Stream) {
 var handOffAfter = time.Second
 
 // idle reports whether the session has no stream now and has had none
-// added for handOffAfter.
-func (s *Session) idle() bool {
+// added for handOffAfter; if it has none but had one added more recently,
+// also how long until it has had none for handOffAfter.
+func (s *Session) idle() (bool, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.streams == nil && len(s.backlog) == 0 && s.err == nil &&
-		clock()-s.streamAt >= handOffAfter
+	if s.streams != nil || len(s.backlog) > 0 || s.err != nil {
+		return false, 0
+	}
+	if quiet := clock() - s.streamAt; quiet < handOffAfter {
+		return false, handOffAfter - quiet
+	}
+	return true, 0
 }
 
 // removeLocked forgets a stream that is done both ways. The map goes with
