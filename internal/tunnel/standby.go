@@ -108,8 +108,12 @@ func (p *Pool) newV2Session(conn net.Conn, device, agentID, instance string, ser
 	})
 	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V2, paced: agentPing > 0, pool: p, done: make(chan struct{})}
 	s.c = newMuxCarrier(device, ms, services)
-	p.watchers.Go(func() {
-		<-ms.Done()
+	// What the session's end must do runs when it ends: no goroutine
+	// waits for it meanwhile, whose stack ten thousand idle agents would
+	// pay for.
+	p.watchers.Add(1)
+	ms.AfterFunc(func() {
+		defer p.watchers.Done()
 		s.c.close()
 		gone(s)
 		close(s.done)

@@ -248,21 +248,5 @@ func (c *muxCarrier) close() error {
 // agent announced services, and adds it. The session leaves the pool by
 // itself when its connection dies.
 func (p *Pool) AddV2(conn net.Conn, device, agentID, instance string, services map[string]service.Announced) (*Session, error) {
-	ms := mux.New(conn, mux.Config{
-		RefuseStreams: true,      // the agent opens nothing
-		OnGoAway:      p.changed, // the agent retires it: requests waiting look elsewhere
-		MaxWindow:     MaxWindow,
-		PingAfter:     2 * p.live.Interval,
-		DeadAfter:     2*p.live.Interval + p.live.Timeout/2,
-	})
-	s := &Session{Device: device, AgentID: agentID, Instance: instance, Version: V2, pool: p, done: make(chan struct{})}
-	s.c = newMuxCarrier(device, ms, services)
-	p.watchers.Add(1)
-	ms.AfterFunc(func() {
-		defer p.watchers.Done()
-		s.c.close()
-		p.remove(s)
-		close(s.done)
-	})
-	return p.join(s)
+	return p.join(p.newV2Session(conn, device, agentID, instance, services, 0, p.remove))
 }
