@@ -158,6 +158,13 @@ func run(n int, settle, ping time.Duration, bin string) error {
 	stack := benchkit.Gauge(metrics, "go_memstats_stack_inuse_bytes") - baseStack
 	fmt.Printf("of which Go heap in use %.1f KiB and goroutine stacks %.1f KiB per agent\n",
 		heap/1024/float64(n), stack/1024/float64(n))
+	// The rest of the RSS: free heap pages the runtime has not yet given
+	// back, and the runtime's own structures.
+	g := func(name string) float64 { return benchkit.Gauge(metrics, name) }
+	retained := g("go_memstats_heap_idle_bytes") - g("go_memstats_heap_released_bytes")
+	runtimeOwn := g("go_memstats_mspan_inuse_bytes") + g("go_memstats_gc_sys_bytes") + g("go_memstats_other_sys_bytes") + g("go_memstats_buck_hash_sys_bytes") + g("go_memstats_mcache_inuse_bytes")
+	fmt.Printf("the rest: free heap kept from the OS %.1f MiB, the runtime's structures %.1f MiB; the collector's next goal %.1f MiB\n",
+		retained/(1<<20), runtimeOwn/(1<<20), g("go_memstats_next_gc_bytes")/(1<<20))
 	if cpuProfile != "" {
 		if err := <-profiled; err != nil {
 			return err
