@@ -564,7 +564,10 @@ func TestSmallExchangesProbeRarely(t *testing.T) {
 		}
 	}
 	client.mu.Lock()
-	probes := int(client.bdp.probes)
+	probes := 0
+	if client.bdp != nil {
+		probes = int(client.bdp.probes)
+	}
 	client.mu.Unlock()
 	if most := exchanges*200/(InitialWindow/4) + 1; probes > most {
 		t.Errorf("%d probes over %d exchanges of 200 bytes, want at most %d", probes, exchanges, most)

@@ -221,7 +221,10 @@ func (s *Session) handleOpen(h header, meta []byte) error {
 // goroutine of its own at both ends.
 func (s *Session) probeBDP(n int) {
 	s.mu.Lock()
-	b := &s.bdp
+	if s.bdp == nil {
+		s.bdp = new(bdpProbe) // with the first bytes: an idle session holds none
+	}
+	b := s.bdp
 	b.bytes += n
 	window := s.window.Load()
 	start := !b.out && window < int64(s.cfg.MaxWindow) && int64(b.bytes) >= window/4
@@ -248,8 +251,8 @@ func (s *Session) pong(value uint32) {
 		}
 		return
 	}
-	b := &s.bdp
-	if !b.out {
+	b := s.bdp
+	if b == nil || !b.out {
 		return
 	}
 	b.out = false

@@ -120,8 +120,8 @@ type Session struct {
 	err      error                    // why the session ended; nil while it runs
 	backlog  []*Stream                // streams the peer opened, waiting for Accept
 	pings    map[uint32]chan struct{} // Ping's, waiting for their answers; nil while none wait
-	bdp      bdpProbe
-	streamAt time.Duration // when the last stream was added (or the session began), by clock()
+	bdp      *bdpProbe                // made with the first DATA bytes
+	streamAt time.Duration            // when the last stream was added (or the session began), by clock()
 	live     *time.Timer
 	after    []func() // AfterFunc's, run when the session ends
 }
