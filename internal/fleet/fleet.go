@@ -9,9 +9,11 @@ package fleet
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"strings"
 	"time"
+	"unique"
 )
 
 // The JetStream buckets and stream of the fleet state.
@@ -146,3 +148,29 @@ func deviceKey(device string) string {
 
 // now is the time recorded in the fleet state, in UTC to the microsecond.
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// decodeAttachment decodes a directory record. Every relay mirrors the
+// whole directory, so what each record repeats is kept once: the
+// device's name is the record's key, and relay ids and protocols, a few
+// values shared by all records, are canonical copies (unique.Make).
+func decodeAttachment(key string, data []byte) (Attachment, error) {
+	var a Attachment
+	if err := json.Unmarshal(data, &a); err != nil {
+		return a, err
+	}
+	if a.Device == key {
+		a.Device = key
+	}
+	a.RelayID = canonical(a.RelayID)
+	a.Protocol = canonical(a.Protocol)
+	a.Standby = canonical(a.Standby)
+	return a, nil
+}
+
+// canonical returns the one shared copy of s.
+func canonical(s string) string {
+	if s == "" {
+		return s
+	}
+	return unique.Make(s).Value()
+}

@@ -122,6 +122,7 @@ func Open(ctx context.Context, st *store.Store, cfg Config) (*Member, error) {
 		},
 	})
 	m.devices = kvmirror.New(m.devsKV, m.log, kvmirror.Config[Attachment]{
+		Decode: decodeAttachment,
 		OnChange: func() {
 			m.Changed()
 			cfg.OnChange()
