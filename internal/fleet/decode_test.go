@@ -3,6 +3,7 @@ package fleet
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 	"unsafe"
@@ -55,5 +56,50 @@ func TestDecodeAttachmentSharesRepeatedStrings(t *testing.T) {
 	}
 	if _, err := decodeAttachment("dev", []byte(`{"device":`)); err == nil {
 		t.Error("a truncated record decoded without an error")
+	}
+}
+
+// BenchmarkDirectoryRecordHeap reports the heap a relay's mirror of the
+// directory keeps per record, decoded as plain JSON and as the mirror
+// decodes it: go test ./internal/fleet -run - -bench DirectoryRecordHeap.
+func BenchmarkDirectoryRecordHeap(b *testing.B) {
+	const records = 100_000
+	plain := func(_ string, data []byte) (Attachment, error) {
+		var a Attachment
+		err := json.Unmarshal(data, &a)
+		return a, err
+	}
+	for _, d := range []struct {
+		name   string
+		decode func(string, []byte) (Attachment, error)
+	}{{"json", plain}, {"mirror", decodeAttachment}} {
+		b.Run(d.name, func(b *testing.B) {
+			at := time.Date(2026, 12, 3, 14, 0, 0, 0, time.UTC)
+			var perRecord uint64
+			for b.Loop() {
+				var ms runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&ms)
+				before := ms.HeapAlloc
+				items := make(map[string]Attachment)
+				for i := range records {
+					a := Attachment{Device: fmt.Sprintf("robot-%06d", i), RelayID: "relay-3f9c2a1b7e", AttachedAt: at,
+						Agents: 1, Protocol: "native", UpdatedAt: at, Standby: "relay-8d1e44c0aa"}
+					data, err := json.Marshal(a)
+					if err != nil {
+						b.Fatal(err)
+					}
+					key := deviceKey(a.Device)
+					if items[key], err = d.decode(key, data); err != nil {
+						b.Fatal(err)
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&ms)
+				perRecord = (ms.HeapAlloc - before) / records
+				runtime.KeepAlive(items)
+			}
+			b.ReportMetric(float64(perRecord), "heap-B/record")
+		})
 	}
 }
