@@ -34,8 +34,9 @@ var layers = [][]string{
 	// connections through connect's Opener; the operator API manages them.
 	{"ports"},
 	// Users' requests forwarded to a device's holder as streams: connect's
-	// sessions between relays, spliced onto the tunnel's streams.
-	{"forward"},
+	// sessions between relays, spliced onto the tunnel's streams; and the
+	// watchdogs' pulses, upgraded as connect's are.
+	{"forward", "pulse"},
 	// The parts a relay and an agent are made of.
 	{"relay", "router", "agent", "control"},
 	// One relay, wired.

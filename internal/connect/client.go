@@ -183,6 +183,25 @@ func (c *Client) handshake(ctx context.Context) (net.Conn, error) {
 	if c.cfg.Code != "" {
 		u.RawQuery = url.Values{"code": {c.cfg.Code}}.Encode()
 	}
+	h := http.Header{}
+	if c.cfg.Token != "" {
+		h.Set("Authorization", "Bearer "+c.cfg.Token)
+	}
+	if c.cfg.Sign != nil {
+		c.cfg.Sign(h)
+	}
+	return DialUpgrade(ctx, &u, c.cfg.TLS, c.cfg.Protocol, h)
+}
+
+// DialUpgrade dials the endpoint u (http:// or https://, verified with
+// tlsConf, nil for the system roots), sends it an HTTP/1.1 request to
+// switch to protocol with the headers in h, and returns the connection
+// once it answered 101. An endpoint that answers otherwise is a
+// *HandshakeError. Errors name u without its query (an access code).
+func DialUpgrade(ctx context.Context, u *url.URL, tlsConf *tls.Config, protocol string, h http.Header) (net.Conn, error) {
+	named := *u
+	named.RawQuery = ""
+	where := named.Redacted()
 	host := u.Host
 	if u.Port() == "" {
 		port := "80"
@@ -194,10 +213,10 @@ func (c *Client) handshake(ctx context.Context) (net.Conn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", host)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", c.cfg.Relay.Redacted(), err)
+		return nil, fmt.Errorf("connect to %s: %w", where, err)
 	}
 	if u.Scheme == "https" {
-		cfg := c.cfg.TLS.Clone()
+		cfg := tlsConf.Clone()
 		if cfg == nil {
 			cfg = &tls.Config{}
 		}
@@ -208,30 +227,27 @@ func (c *Client) handshake(ctx context.Context) (net.Conn, error) {
 		tc := tls.Client(conn, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("connect to %s: %w", c.cfg.Relay.Redacted(), err)
+			return nil, fmt.Errorf("connect to %s: %w", where, err)
 		}
 		conn = tc
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
+	for k, v := range h {
+		req.Header[k] = v
+	}
 	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", c.cfg.Protocol)
-	if c.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
-	}
-	if c.cfg.Sign != nil {
-		c.cfg.Sign(req.Header)
-	}
+	req.Header.Set("Upgrade", protocol)
 	if err := req.Write(conn); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("connect to %s: %w", c.cfg.Relay.Redacted(), err)
+		return nil, fmt.Errorf("connect to %s: %w", where, err)
 	}
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, req)
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("connect to %s: %w", c.cfg.Relay.Redacted(), err)
+		return nil, fmt.Errorf("connect to %s: %w", where, err)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))

@@ -210,6 +210,8 @@ func standingBy(t *testing.T, opts ...func(*agent.Config)) (sb *Relay, holderFz 
 // longer) and never reconnects.
 func TestFrozenHolderMovesToStandby(t *testing.T) {
 	sb, frozen, user, logs, connects := standingBy(t)
+	// The standby relay hears the holder over a pulse, not HTTP probes.
+	metricsHave(t, http.DefaultClient, sb.AdminURL, "\nswitchboard_watchdog_pulses 1\n")
 
 	frozen.freeze()
 	froze := time.Now()

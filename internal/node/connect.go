@@ -20,6 +20,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/forward"
 	"github.com/switchboard-relay/switchboard/internal/mux"
 	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/pulse"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/secret"
 	"github.com/switchboard-relay/switchboard/internal/service"
@@ -84,6 +85,9 @@ func (n *Node) routeConnect(next http.Handler) http.Handler {
 			return
 		case r.URL.Path == forward.Path && !n.cfg.NoStreamForward:
 			n.forwards.ServeHTTP(w, r)
+			return
+		case r.URL.Path == probePath && pulse.IsRequest(r):
+			n.pulses.ServeHTTP(w, r) // the other relays' watchdogs
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -33,6 +33,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/longpoll"
 	"github.com/switchboard-relay/switchboard/internal/peer"
 	"github.com/switchboard-relay/switchboard/internal/ports"
+	"github.com/switchboard-relay/switchboard/internal/pulse"
 	"github.com/switchboard-relay/switchboard/internal/relay"
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/secret"
@@ -82,6 +83,7 @@ type Node struct {
 	calls         *router.Calls  // long-poll agents' calls
 	backs         sendBacks      // KeepArrivingAgents: when each device's agents were last asked back
 	probeClient   *http.Client
+	pulses        pulse.Server // the other relays' watchdogs' pulses
 	stopWatchdog  context.CancelFunc
 	changes       *changeHub
 	publicHandler *relay.Handler
@@ -446,6 +448,7 @@ func (n *Node) Close() error {
 			n.broker.Close()
 		}
 		n.public.Close()
+		n.pulses.Close()
 		n.admin.Close()
 		if n.stopWatchdog != nil {
 			n.stopWatchdog()

@@ -21,6 +21,7 @@ import (
 	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/forward"
 	"github.com/switchboard-relay/switchboard/internal/peer"
+	"github.com/switchboard-relay/switchboard/internal/pulse"
 	"github.com/switchboard-relay/switchboard/internal/router"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
 	"github.com/switchboard-relay/switchboard/internal/watchdog"
@@ -69,10 +70,17 @@ func (n *Node) openRouting(ctx context.Context) error {
 		}
 		return nil
 	}
+	wc.Pulse = func(ctx context.Context, p watchdog.Peer, echo func(time.Duration), ended func(error)) (watchdog.Beater, error) {
+		c, err := pulse.Dial(ctx, p.Address, n.peerTLS, echo, ended)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
 	wc.OnVeto = func(id string, after time.Duration, reason error) {
-		cause := watchdog.CauseProbes
+		cause := "probes"
 		if after == 0 {
-			cause = watchdog.CauseDataPath
+			cause = "data path"
 		}
 		n.member.Record(fleet.Event{Type: EventRelayVetoed, RelayID: id, DurationMS: float64(after.Microseconds()) / 1000,
 			Message: fmt.Sprintf("relay %s vetoed by %s (%s): %v", id, n.member.ID(), cause, reason)})

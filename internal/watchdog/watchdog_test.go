@@ -3,6 +3,7 @@ package watchdog
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -33,6 +34,7 @@ type fakePeers struct {
 	down   map[string]bool          // probe fails at once (an error that is not a refusal)
 	gone   map[string]bool          // probe's connection refused (ECONNREFUSED): the process is gone
 	frozen map[string]bool          // probe hangs until its deadline
+	paused chan struct{}            // when set, every probe waits until it closes (a process stopped, then continued)
 	slow   map[string]time.Duration // probe answers after this long (a distant peer)
 	vetoes []vetoRecord
 	clears []string
@@ -52,8 +54,15 @@ func (f *fakePeers) set(m map[string]bool, id string, v bool) {
 
 func (f *fakePeers) probe(ctx context.Context, p Peer) error {
 	f.mu.Lock()
-	down, gone, frozen, slow := f.down[p.ID], f.gone[p.ID], f.frozen[p.ID], f.slow[p.ID]
+	down, gone, frozen, slow, paused := f.down[p.ID], f.gone[p.ID], f.frozen[p.ID], f.slow[p.ID], f.paused
 	f.mu.Unlock()
+	if paused != nil {
+		select {
+		case <-paused:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if slow > 0 {
 		select {
 		case <-time.After(slow):
@@ -177,24 +186,106 @@ func TestRefusedProbeVetoesAtOnce(t *testing.T) {
 	})
 }
 
-func TestFrozenPeerVetoedByTimeouts(t *testing.T) {
+// TestFrozenPeerVetoedBySilence: with the defaults, a peer that stops
+// answering is vetoed when its silence, counted from its last answer (at
+// most an interval before it froze), reaches Silence.
+func TestFrozenPeerVetoedBySilence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
-		w := newWatched(f, Config{}) // defaults: 250 ms, 400 ms, 2 misses
+		w := newWatched(f, Config{}) // defaults: 100 ms, 400 ms, 500 ms of silence
 		stop := run(t, w)
 		defer stop()
-		elapse(time.Second)
+		elapse(time.Second + 30*time.Millisecond)
 		froze := time.Now()
 		f.set(f.frozen, "b", true)
 		for !w.Vetoed("b") {
-			elapse(10 * time.Millisecond)
+			elapse(time.Millisecond)
 		}
 		took := time.Since(froze)
 		t.Logf("frozen peer vetoed after %s", took)
-		// The first probe to hang starts within an interval, the second an
-		// interval later, and the veto comes when it times out.
-		if limit := 2*DefaultInterval + DefaultTimeout + 10*time.Millisecond; took > limit { // the loop looks every 10 ms
-			t.Errorf("a frozen peer took %s to veto with the defaults, want ≤ %s", took, limit)
+		if lo, hi := DefaultSilence-DefaultInterval, DefaultSilence; took < lo || took > hi {
+			t.Errorf("a frozen peer took %s to veto with the defaults, want %s–%s", took, lo, hi)
+		}
+		f.mu.Lock()
+		if len(f.vetoes) != 1 || f.vetoes[0].id != "b" || f.vetoes[0].after != DefaultSilence {
+			t.Errorf("veto records %+v, want one for b after %s of silence", f.vetoes, DefaultSilence)
+		}
+		f.mu.Unlock()
+		if w.Vetoed("a") {
+			t.Error("the peer that answers is vetoed")
+		}
+	})
+}
+
+// TestTimeoutsAreNotMisses: probes that time out are counted by the
+// silence alone, so a longer Silence holds a frozen peer's veto back
+// however many of its probes time out meanwhile.
+func TestTimeoutsAreNotMisses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{Silence: 2 * time.Second})
+		stop := run(t, w)
+		defer stop()
+		elapse(time.Second + 30*time.Millisecond)
+		froze := time.Now()
+		f.set(f.frozen, "b", true)
+		elapse(1800 * time.Millisecond) // ten and more timeouts
+		if w.Vetoed("b") {
+			t.Fatal("timed-out probes vetoed a peer before its silence was up")
+		}
+		for !w.Vetoed("b") {
+			elapse(time.Millisecond)
+		}
+		if took := time.Since(froze); took > 2*time.Second {
+			t.Errorf("vetoed %s after it froze, want ≤ 2 s", took)
+		}
+	})
+}
+
+// TestPausesShorterThanSilenceAreNotVetoed: a relay that stops answering
+// for less than Silence less an interval (a process stopped and continued,
+// or one too busy to answer for a while) keeps its devices, wherever in
+// the probes' schedule the pause falls; a longer pause vetoes it.
+func TestPausesShorterThanSilenceAreNotVetoed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}}
+		w := newWatched(f, Config{}) // defaults: 100 ms, 400 ms, 500 ms of silence
+		stop := run(t, w)
+		defer stop()
+		elapse(time.Second)
+		pause := func(d time.Duration) {
+			ch := make(chan struct{})
+			f.mu.Lock()
+			f.paused = ch
+			f.mu.Unlock()
+			elapse(d)
+			f.mu.Lock()
+			f.paused = nil
+			f.mu.Unlock()
+			close(ch)
+		}
+		for phase := range 10 { // each pause starts 10 ms further into an interval
+			elapse(time.Duration(phase)*10*time.Millisecond + time.Millisecond)
+			pause(DefaultSilence - DefaultInterval - 10*time.Millisecond)
+			elapse(time.Second)
+		}
+		f.mu.Lock()
+		vetoes := f.vetoes
+		f.mu.Unlock()
+		if len(vetoes) != 0 {
+			t.Fatalf("pauses shorter than the silence vetoed: %+v", vetoes)
+		}
+		pause(DefaultSilence + 50*time.Millisecond)
+		synctest.Wait()
+		// The probes waiting out the pause answer as it ends, and clear
+		// the vetoes it brought.
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.vetoes) != 2 || len(f.clears) != 2 {
+			t.Fatalf("a pause longer than the silence: vetoes %+v, clears %v, want both vetoed and cleared", f.vetoes, f.clears)
+		}
+		if w.Vetoed("a") || w.Vetoed("b") {
+			t.Fatalf("answers after the pause left vetoes %v", w.Vetoes())
 		}
 	})
 }
@@ -223,9 +314,11 @@ func TestDistantPeerIsNotVetoed(t *testing.T) {
 		}
 		took := time.Since(froze)
 		t.Logf("distant frozen peer vetoed after %s", took)
-		// Its timeout: three round trips plus four deviations (1.8 s once
-		// they are steady), capped at eight Timeouts.
-		if limit := 2*DefaultInterval + maxTimeoutFactor*DefaultTimeout; took > limit {
+		// Its answers come every interval all the same: the last ones
+		// were on their way as it froze, and a silence after the last of
+		// them it is vetoed, as a neighbour would be. (The loop looks
+		// every 10 ms.)
+		if limit := 600*time.Millisecond + DefaultSilence + 10*time.Millisecond; took > limit {
 			t.Errorf("a distant frozen peer took %s to veto, want ≤ %s", took, limit)
 		}
 	})
@@ -407,6 +500,187 @@ func TestAnsweringFollowsTheLastProbes(t *testing.T) {
 		elapse(5 * time.Second) // no probes since
 		if w.Answering("a") {
 			t.Fatal("a peer not probed for 5 s is answering")
+		}
+	})
+}
+
+// fakePulses opens pulses with fakePeers: a beat is echoed at once
+// unless its peer is frozen, a gone peer's pulse ends and cannot be
+// opened again, and peers in noPulse refuse the upgrade.
+type fakePulses struct {
+	f       *fakePeers
+	mu      sync.Mutex
+	noPulse map[string]bool
+	dials   map[string]int
+	open    map[string]*fakeBeater
+	probes  map[string]int
+}
+
+type fakeBeater struct {
+	p      *fakePulses
+	id     string
+	echo   func(time.Duration)
+	ended  func(error)
+	closed bool
+}
+
+func (fp *fakePulses) dial(_ context.Context, p Peer, echo func(time.Duration), ended func(error)) (Beater, error) {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	fp.dials[p.ID]++
+	fp.f.mu.Lock()
+	gone := fp.f.gone[p.ID]
+	fp.f.mu.Unlock()
+	switch {
+	case gone:
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	case fp.noPulse[p.ID]:
+		return nil, errors.New("the relay answered 200: it does not speak the pulse")
+	}
+	b := &fakeBeater{p: fp, id: p.ID, echo: echo, ended: ended}
+	fp.open[p.ID] = b
+	return b, nil
+}
+
+func (b *fakeBeater) Beat(time.Duration) error {
+	b.p.f.mu.Lock()
+	frozen := b.p.f.frozen[b.id]
+	b.p.f.mu.Unlock()
+	if !frozen {
+		go b.echo(0)
+	}
+	return nil
+}
+
+func (b *fakeBeater) Close() error {
+	b.p.mu.Lock()
+	defer b.p.mu.Unlock()
+	b.closed = true
+	return nil
+}
+
+// kill ends id's pulse as a relay's death does, and refuses what follows.
+func (fp *fakePulses) kill(id string) {
+	fp.f.set(fp.f.gone, id, true)
+	fp.mu.Lock()
+	b := fp.open[id]
+	fp.mu.Unlock()
+	b.ended(io.ErrUnexpectedEOF)
+}
+
+func newPulsed(f *fakePeers, cfg Config) (*Watchdog, *fakePulses) {
+	fp := &fakePulses{f: f, noPulse: map[string]bool{}, dials: map[string]int{}, open: map[string]*fakeBeater{}, probes: map[string]int{}}
+	cfg.Peers = func() []Peer { return []Peer{{ID: "a"}, {ID: "b"}} }
+	cfg.Probe = func(ctx context.Context, p Peer) error {
+		fp.mu.Lock()
+		fp.probes[p.ID]++
+		fp.mu.Unlock()
+		return f.probe(ctx, p)
+	}
+	cfg.Pulse = fp.dial
+	cfg.OnVeto = func(id string, after time.Duration, _ error) {
+		f.mu.Lock()
+		f.vetoes = append(f.vetoes, vetoRecord{id, after, time.Now()})
+		f.mu.Unlock()
+	}
+	return New(cfg), fp
+}
+
+func (fp *fakePulses) counts(id string) (dials, probes int) {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	return fp.dials[id], fp.probes[id]
+}
+
+// TestPulseStandsInForProbes: once a peer's pulse is open it is not
+// probed, its echoes keep it answering, and when they stop it is vetoed
+// by its silence as a probed peer would be. The watchdog closes its
+// pulses when it stops.
+func TestPulseStandsInForProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, gone: map[string]bool{}, frozen: map[string]bool{}}
+		w, fp := newPulsed(f, Config{})
+		stop := run(t, w)
+		elapse(time.Second)
+		_, before := fp.counts("a")
+		elapse(5 * time.Second)
+		dials, probes := fp.counts("a")
+		if dials != 1 || probes != before || before > 1 {
+			t.Errorf("with its pulse open: %d dials, %d probes (%d in the first second), want 1 dial and no probe after the first", dials, probes, before)
+		}
+		if !w.Answering("a") || !w.Answering("b") {
+			t.Fatal("peers whose beats come back are not answering")
+		}
+		froze := time.Now()
+		f.set(f.frozen, "b", true)
+		for !w.Vetoed("b") {
+			elapse(time.Millisecond)
+		}
+		if took, lo, hi := time.Since(froze), DefaultSilence-DefaultInterval, DefaultSilence; took < lo || took > hi {
+			t.Errorf("a frozen peer's pulse vetoed it after %s, want %s–%s", took, lo, hi)
+		}
+		if w.Vetoed("a") {
+			t.Error("a peer whose beats come back is vetoed")
+		}
+		stop()
+		fp.mu.Lock()
+		defer fp.mu.Unlock()
+		for id, b := range fp.open {
+			if !b.closed {
+				t.Errorf("%s's pulse was left open", id)
+			}
+		}
+	})
+}
+
+// TestEndedPulseVetoesAtOnce: a relay that dies ends its pulses; its
+// peers probe it at once, and its refusal vetoes it then.
+func TestEndedPulseVetoesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, gone: map[string]bool{}, frozen: map[string]bool{}}
+		w, fp := newPulsed(f, Config{})
+		stop := run(t, w)
+		defer stop()
+		elapse(time.Second)
+		died := time.Now()
+		fp.kill("a")
+		synctest.Wait()
+		if !w.Vetoed("a") || w.Vetoed("b") {
+			t.Fatalf("vetoes %v right after a's pulse ended, want [a]", w.Vetoes())
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.vetoes) != 1 || !f.vetoes[0].at.Equal(died) {
+			t.Errorf("veto records %+v, want one for a at %v", f.vetoes, died)
+		}
+	})
+}
+
+// TestPeerWithoutPulseIsProbed: a peer that does not speak the pulse (a
+// relay of an earlier version) is probed each interval, and asked for a
+// pulse again only every pulseRetry.
+func TestPeerWithoutPulseIsProbed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeers{down: map[string]bool{}, gone: map[string]bool{}, frozen: map[string]bool{}}
+		w, fp := newPulsed(f, Config{})
+		fp.noPulse["a"] = true
+		stop := run(t, w)
+		defer stop()
+		elapse(pulseRetry + 5*time.Second)
+		dials, probes := fp.counts("a")
+		if dials != 2 {
+			t.Errorf("%d pulses asked of a peer without them in %s, want 2", dials, pulseRetry+5*time.Second)
+		}
+		if want := int((pulseRetry + 5*time.Second) / DefaultInterval); probes < want-1 || probes > want {
+			t.Errorf("%d probes of a peer without a pulse, want %d", probes, want)
+		}
+		f.set(f.frozen, "a", true)
+		froze := time.Now()
+		for !w.Vetoed("a") {
+			elapse(time.Millisecond)
+		}
+		if took := time.Since(froze); took > DefaultSilence {
+			t.Errorf("a probed frozen peer vetoed after %s, want ≤ %s", took, DefaultSilence)
 		}
 	})
 }
