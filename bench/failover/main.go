@@ -99,7 +99,7 @@ type bench struct {
 	f      *procfleet.Fleet
 	agents *procfleet.Agents
 	out    strings.Builder
-	last   time.Time // when the last trial began
+	last   time.Time // when the last trial began, or the fleet came online
 	// relayArgs are added to every relay's command line.
 	relayArgs []string
 	// nats names the NATS servers of a cluster; none: one hosted by the harness.
@@ -148,7 +148,7 @@ func (b *bench) single(ctx context.Context) error {
 	if len(b.relayArgs) > 0 {
 		b.logf("Relays run with `%s`.\n\n", strings.Join(b.relayArgs, " "))
 	}
-	b.logf("Relays are `switchboard serve` processes on one NATS (hosted by the harness); native agents and the backend run in the harness. Requests go through the surviving relays in turn, as through a load balancer whose health check has removed the dead one. The load alternates GET and POST, one request every 5 ms, to every device in turn through every relay that is up (two in three need a forward hop). Trials start at least %s apart.\n\n", o.gap)
+	b.logf("Relays are `switchboard serve` processes on one NATS (hosted by the harness); native agents and the backend run in the harness. Requests go through the surviving relays in turn, as through a load balancer whose health check has removed the dead one. The load alternates GET and POST, one request every 5 ms, to every device in turn through every relay that is up (two in three need a forward hop). Trials start at least %s apart, the first as long after the fleet came online (its standby tunnels up, its relays hearing each other).\n\n", o.gap)
 
 	load := procfleet.StartLoad(ctx, b.f.Relays(), devices, 5*time.Millisecond)
 	defer load.Stop()
@@ -202,6 +202,7 @@ func (b *bench) startFleet(ctx context.Context) (devices []string, entries []*ur
 		b.stop(backend)
 		return nil, nil, nil, err
 	}
+	b.last = time.Now() // a fleet that just came up is not yet what a trial measures
 	return devices, entries, backend, nil
 }
 

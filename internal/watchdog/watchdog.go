@@ -302,6 +302,12 @@ func (w *Watchdog) Run(ctx context.Context) {
 	silent := time.NewTimer(time.Hour)
 	defer silent.Stop()
 	due := time.Now().Add(time.Hour)
+	// ticked is when the last tick was handled. A tick handled more than
+	// maxLag after its interval says the watchdog itself did not run
+	// meanwhile (its process was stopped, or starved of CPU): its peers'
+	// silences are pushed on by that much (see stalled), and no silence
+	// is judged until the ticks are on time again.
+	ticked := time.Now()
 	defer w.closePulses() // after the goroutines that open them
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -313,7 +319,7 @@ func (w *Watchdog) Run(ctx context.Context) {
 			wg.Go(func() { w.probe(ctx, p) })
 			continue
 		case <-silent.C:
-			if lag := time.Since(due); lag > w.maxLag() {
+			if lag := time.Since(due); lag > w.maxLag() || time.Since(ticked) > w.cfg.Interval+w.maxLag() {
 				w.metrics.behind()
 				due = time.Now().Add(w.maxLag())
 				silent.Reset(w.maxLag())
@@ -336,6 +342,11 @@ func (w *Watchdog) Run(ctx context.Context) {
 				}
 				wg.Go(func() { w.probe(ctx, p) })
 			}
+			now := time.Now()
+			if late := now.Sub(ticked) - w.cfg.Interval; late > w.maxLag() {
+				w.stalled(late)
+			}
+			ticked = now
 		}
 		next := w.untilSilent()
 		due = time.Now().Add(next)
@@ -351,6 +362,28 @@ func (w *Watchdog) Run(ctx context.Context) {
 // itself. A frozen peer's veto waits for that too; a busy peer, which
 // answers late, is not confused with one that does not answer.
 func (w *Watchdog) maxLag() time.Duration { return w.cfg.Interval / 2 }
+
+// stalled pushes every peer's silence on by d, the time the watchdog
+// did not run: what it did not hear while it was stopped says nothing of
+// its peers, whose answers may be waiting unread. A relay thawed after
+// SIGSTOP would otherwise find every peer silent for as long as it was
+// stopped, veto them all, and promote the standbys it keeps for their
+// devices.
+func (w *Watchdog) stalled(d time.Duration) {
+	w.mu.Lock()
+	now := time.Now()
+	for _, s := range w.peers {
+		if !s.heardAt.IsZero() {
+			s.heardAt = s.heardAt.Add(d)
+			if s.heardAt.After(now) {
+				s.heardAt = now
+			}
+		}
+	}
+	w.mu.Unlock()
+	w.metrics.behind()
+	w.cfg.Logger.Info("the watchdog did not run for a while; its peers' silences are counted from later", logkey.DurationMS, d.Milliseconds())
+}
 
 // beat sends p a beat on its pulse, and reports whether it has one that
 // took it. A pulse that cannot is closed, and p probed instead.

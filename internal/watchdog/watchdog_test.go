@@ -504,8 +504,8 @@ func TestAnsweringFollowsTheLastProbes(t *testing.T) {
 	})
 }
 
-// fakePulses opens pulses with fakePeers: a beat is echoed at once
-// unless its peer is frozen, a gone peer's pulse ends and cannot be
+// fakePulses opens pulses with fakePeers: a beat is echoed at once, on
+// the goroutine that sends it, unless its peer is frozen, a gone peer's pulse ends and cannot be
 // opened again, and peers in noPulse refuse the upgrade.
 type fakePulses struct {
 	f       *fakePeers
@@ -547,7 +547,7 @@ func (b *fakeBeater) Beat(time.Duration) error {
 	frozen := b.p.f.frozen[b.id]
 	b.p.f.mu.Unlock()
 	if !frozen {
-		go b.echo(0)
+		b.echo(0) // as the reader of a real pulse would, before the peer's end
 	}
 	return nil
 }
@@ -603,7 +603,7 @@ func TestPulseStandsInForProbes(t *testing.T) {
 		stop := run(t, w)
 		elapse(time.Second)
 		_, before := fp.counts("a")
-		elapse(5 * time.Second)
+		elapse(5*time.Second + 30*time.Millisecond) // between two ticks
 		dials, probes := fp.counts("a")
 		if dials != 1 || probes != before || before > 1 {
 			t.Errorf("with its pulse open: %d dials, %d probes (%d in the first second), want 1 dial and no probe after the first", dials, probes, before)
@@ -666,7 +666,7 @@ func TestPeerWithoutPulseIsProbed(t *testing.T) {
 		fp.noPulse["a"] = true
 		stop := run(t, w)
 		defer stop()
-		elapse(pulseRetry + 5*time.Second)
+		elapse(pulseRetry + 5*time.Second + 30*time.Millisecond) // between two ticks
 		dials, probes := fp.counts("a")
 		if dials != 2 {
 			t.Errorf("%d pulses asked of a peer without them in %s, want 2", dials, pulseRetry+5*time.Second)
@@ -681,6 +681,52 @@ func TestPeerWithoutPulseIsProbed(t *testing.T) {
 		}
 		if took := time.Since(froze); took > DefaultSilence {
 			t.Errorf("a probed frozen peer vetoed after %s, want ≤ %s", took, DefaultSilence)
+		}
+	})
+}
+
+// TestStalledWatchdogVetoesNobody: a watchdog that did not run for a
+// while (its relay stopped with SIGSTOP and continued, or starved of
+// CPU) does not take the time it did not listen for its peers' silence:
+// it vetoes none of them when it runs again, and still vetoes a peer
+// that is silent afterwards.
+func TestStalledWatchdogVetoesNobody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Answers take 10 ms: after the stall, the first look at the
+		// silences comes before them, as a thawed relay's timers run before
+		// it has read what waits in its sockets.
+		f := &fakePeers{down: map[string]bool{}, frozen: map[string]bool{}, slow: map[string]time.Duration{"a": 10 * time.Millisecond, "b": 10 * time.Millisecond}}
+		var mu sync.Mutex
+		stall := time.Duration(0)
+		w := newWatched(f, Config{})
+		w.cfg.Peers = func() []Peer {
+			mu.Lock()
+			d := stall
+			stall = 0
+			mu.Unlock()
+			elapse(d) // the watchdog's own goroutine does not run meanwhile
+			return []Peer{{ID: "a"}, {ID: "b"}}
+		}
+		stop := run(t, w)
+		defer stop()
+		elapse(time.Second + 30*time.Millisecond)
+		mu.Lock()
+		stall = 3 * time.Second
+		mu.Unlock()
+		elapse(4 * time.Second)
+		f.mu.Lock()
+		vetoes := f.vetoes
+		f.mu.Unlock()
+		if len(vetoes) != 0 {
+			t.Fatalf("a watchdog that stalled for 3 s vetoed %+v", vetoes)
+		}
+		f.set(f.frozen, "b", true)
+		froze := time.Now()
+		for !w.Vetoed("b") {
+			elapse(time.Millisecond)
+		}
+		if took := time.Since(froze); took > DefaultSilence+11*time.Millisecond {
+			t.Errorf("after the stall a frozen peer was vetoed %s after it froze, want ≤ %s", took, DefaultSilence)
 		}
 	})
 }
