@@ -48,6 +48,7 @@ func main() {
 	flag.StringVar(&profileDir, "profile-dir", "", "write 5 s CPU profiles of both relays, taken as the drain begins, to this directory")
 	flag.DurationVar(&agentPing, "agent-ping", 0, "the agents' own ping interval, timeout half of it (0: the agent's default, 10 s while it keeps a standby); -ping stays the relays'")
 	flag.BoolVar(&hotStandby, "hot-standby", false, "run the relays with --hot-standby, so that agents keep standby tunnels and the drain promotes them")
+	flag.IntVar(&loadRate, "rate", 0, "the load's requests a second, over its 8 clients (0: each client sends its next request as soon as the last is answered, which takes whatever CPU the relays leave)")
 	flag.DurationVar(&standbyWait, "standby-wait", time.Minute, "wait up to this long, before the drain, until the directory records every agent's standby tunnel at the other relay (0: do not wait)")
 	flag.Parse()
 	live = tunnel.Liveness{Interval: *ping, Timeout: *pingTimeout}
@@ -67,6 +68,9 @@ var hotStandby bool
 
 // standbyWait is -standby-wait.
 var standbyWait time.Duration
+
+// loadRate is -rate.
+var loadRate int
 
 // agentPing is -agent-ping.
 var agentPing time.Duration
@@ -160,9 +164,23 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 	defer stopLoad()
 	var wg sync.WaitGroup
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	for w := range 8 {
+	const clients = 8
+	for w := range clients {
 		wg.Go(func() {
-			for i := w; lctx.Err() == nil; i += 8 {
+			var pace <-chan time.Time
+			if loadRate > 0 {
+				t := time.NewTicker(time.Second * clients / time.Duration(loadRate))
+				defer t.Stop()
+				pace = t.C
+			}
+			for i := w; lctx.Err() == nil; i += clients {
+				if pace != nil {
+					select {
+					case <-pace:
+					case <-lctx.Done():
+						return
+					}
+				}
 				base := []string{first.String(), second.String()}[i%2]
 				attempted.Add(1)
 				resp, err := c.Get(base + "/client/" + devices[(i*7919)%n] + "/")

@@ -89,7 +89,7 @@ func (n *Node) onPromote(device, from string) {
 // (NATS away), so that an agent never follows a move the fleet does not
 // know of.
 func (n *Node) promote(device, from, why string, lostFor time.Duration) {
-	k := n.tunnels.Standbys()[device]
+	k := n.tunnels.StandbysOf(device)
 	if k == 0 || n.draining() || n.stopping.Load() {
 		return
 	}

@@ -181,10 +181,16 @@ func (p *Pool) Standbys() map[string]int {
 }
 
 // HasStandby reports whether device has a standby tunnel here.
-func (p *Pool) HasStandby(device string) bool {
+func (p *Pool) HasStandby(device string) bool { return p.StandbysOf(device) > 0 }
+
+// StandbysOf counts device's standby tunnels here. A promotion asks it of
+// one device, not Standbys of all: a drain promotes thousands, and
+// copying thousands each time under the pool's lock held every tunnel
+// of the relay up.
+func (p *Pool) StandbysOf(device string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.standby[device]) > 0
+	return len(p.standby[device])
 }
 
 // Promote turns device's standby tunnels into its tunnels here, which take
