@@ -28,7 +28,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 	}, []string{"cause"}),
 		late: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_watchdog_behind_total",
-			Help: "Silence checks put off because the relay ran its own timers late: answers may have been waiting unread.",
+			Help: "Times the watchdog ran more than half an interval late and put off judging its peers' silences: their answers may have been waiting unread.",
 		}),
 		pulses: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchboard_watchdog_pulses",

@@ -382,7 +382,11 @@ func (w *Watchdog) stalled(d time.Duration) {
 	}
 	w.mu.Unlock()
 	w.metrics.behind()
-	w.cfg.Logger.Info("the watchdog did not run for a while; its peers' silences are counted from later", logkey.DurationMS, d.Milliseconds())
+	level := slog.LevelDebug // a busy relay's ticks run late often
+	if d >= time.Second {
+		level = slog.LevelInfo // a relay stopped and continued
+	}
+	w.cfg.Logger.Log(context.Background(), level, "the watchdog did not run for a while; its peers' silences are counted from later", logkey.DurationMS, d.Milliseconds())
 }
 
 // beat sends p a beat on its pulse, and reports whether it has one that
