@@ -544,8 +544,11 @@ func (fp *fakePulses) dial(_ context.Context, p Peer, echo func(time.Duration), 
 
 func (b *fakeBeater) Beat(time.Duration) error {
 	b.p.f.mu.Lock()
-	frozen := b.p.f.frozen[b.id]
+	frozen, gone := b.p.f.frozen[b.id], b.p.f.gone[b.id]
 	b.p.f.mu.Unlock()
+	if gone {
+		return net.ErrClosed
+	}
 	if !frozen {
 		b.echo(0) // as the reader of a real pulse would, before the peer's end
 	}
@@ -641,7 +644,7 @@ func TestEndedPulseVetoesAtOnce(t *testing.T) {
 		w, fp := newPulsed(f, Config{})
 		stop := run(t, w)
 		defer stop()
-		elapse(time.Second)
+		elapse(time.Second + 30*time.Millisecond) // between two ticks
 		died := time.Now()
 		fp.kill("a")
 		synctest.Wait()
