@@ -2,6 +2,7 @@ package fleettest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -230,6 +231,16 @@ func TestTLSForwardBetweenRelays(t *testing.T) {
 		if entry.Node.Vetoed(holder.Node.Fleet().ID()) {
 			t.Errorf("the entry relay vetoed the holder: its probes over TLS failed")
 		}
+		// The relays hear each other over pulses, upgraded over TLS.
+		Eventually(t, 10*time.Second, func() error {
+			resp := send(t, ca.Client(t, false), http.MethodGet, entry.AdminURL+control.PathMetrics, entry.AdminToken, nil)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(body), "\nswitchboard_watchdog_pulses 1\n") {
+				return errors.New("the entry relay has no pulse open with the holder")
+			}
+			return nil
+		})
 	})
 }
 
