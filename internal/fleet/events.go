@@ -18,6 +18,11 @@ const (
 	eventsMaxAge   = 7 * 24 * time.Hour // events older than this are dropped
 	eventsMaxMsgs  = 100_000            // and beyond this many, the oldest
 	eventQueueSize = 1024               // events waiting to be published
+	// eventBatch is the most queued events published at once, each
+	// waiting for its acknowledgment alongside the others: a drain of
+	// thousands of devices records thousands of moves within seconds,
+	// more than one publish at a time keeps up with.
+	eventBatch = 128
 	// MaxEventsList is the most events one List returns.
 	MaxEventsList = 1000
 )
@@ -63,27 +68,80 @@ func (l *eventLog) add(e Event) {
 	}
 }
 
-// run publishes queued events until ctx ends.
+// run publishes queued events until ctx ends: what waits in the queue,
+// up to eventBatch at once; then one by one, every second until NATS
+// takes each, those it did not acknowledge.
 func (l *eventLog) run(ctx context.Context) {
+	batch := make([]Event, 0, eventBatch)
 	for {
-		var e Event
 		select {
 		case <-ctx.Done():
 			return
-		case e = <-l.queue:
+		case e := <-l.queue:
+			batch = append(batch[:0], e)
 		}
-		for {
-			err := l.publish(ctx, e)
-			if err == nil || ctx.Err() != nil {
-				break
-			}
+	more:
+		for len(batch) < eventBatch {
 			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
+			case e := <-l.queue:
+				batch = append(batch, e)
+			default:
+				break more
+			}
+		}
+		for _, e := range l.publishBatch(ctx, batch) {
+			for {
+				err := l.publish(ctx, e)
+				if err == nil || ctx.Err() != nil {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
 			}
 		}
 	}
+}
+
+// publishBatch publishes events without waiting for each acknowledgment
+// before the next, and returns, in order, those NATS did not acknowledge
+// within 2 s.
+func (l *eventLog) publishBatch(ctx context.Context, events []Event) []Event {
+	if len(events) == 1 {
+		if l.publish(ctx, events[0]) == nil {
+			return nil
+		}
+		return events
+	}
+	futures := make([]jetstream.PubAckFuture, len(events))
+	for i, e := range events {
+		data, err := json.Marshal(e)
+		if err != nil {
+			continue // cannot happen for Event
+		}
+		if f, err := l.js.PublishAsync(SubjectEvents+e.Type, data); err == nil {
+			futures[i] = f
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var failed []Event
+	for i, f := range futures {
+		if f == nil {
+			failed = append(failed, events[i])
+			continue
+		}
+		select {
+		case <-f.Ok():
+		case <-f.Err():
+			failed = append(failed, events[i])
+		case <-wctx.Done():
+			failed = append(failed, events[i])
+		}
+	}
+	return failed
 }
 
 func (l *eventLog) publish(ctx context.Context, e Event) error {

@@ -565,6 +565,43 @@ func TestReapSparesRelayWithDevices(t *testing.T) {
 	}
 }
 
+// TestEventsBurstPublishedInOrder: a burst of events, as a drain's
+// thousands of moves make, is published in batches, all of it and in the
+// order recorded.
+func TestEventsBurstPublishedInOrder(t *testing.T) {
+	f := newTestFleet(t)
+	a := f.join()
+	waitEvent(t, a.m, 5*time.Second, func(e Event) bool { return e.Type == EventLeaseTaken })
+	const n = 900 // under the queue's size: none is dropped
+	for i := range n {
+		a.m.Record(Event{Type: "test.burst", Message: fmt.Sprint(i)})
+	}
+	eventually(t, 10*time.Second, func() error {
+		evs, err := a.m.Events(t.Context(), MaxEventsList)
+		if err != nil {
+			return err
+		}
+		var got []string
+		for _, e := range evs {
+			if e.Type == "test.burst" {
+				got = append(got, e.Message)
+			}
+		}
+		if len(got) != n {
+			return fmt.Errorf("%d of %d events published", len(got), n)
+		}
+		for i, m := range got {
+			if m != fmt.Sprint(i) {
+				return fmt.Errorf("event %d of the burst is %q: out of order", i, m)
+			}
+		}
+		return nil
+	})
+	if d := a.m.events.dropped.Load(); d != 0 {
+		t.Errorf("%d events dropped", d)
+	}
+}
+
 func TestEventsListBounds(t *testing.T) {
 	f := newTestFleet(t)
 	a := f.join()

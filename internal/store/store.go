@@ -119,9 +119,15 @@ func (s *Store) open(ctx context.Context) error {
 	return s.openJetStream(ctx)
 }
 
+// publishAsyncTimeout bounds the wait for an asynchronous publish's
+// acknowledgment.
+const publishAsyncTimeout = 5 * time.Second
+
 // openJetStream makes the JetStream context and checks that the server offers it.
 func (s *Store) openJetStream(ctx context.Context) error {
-	js, err := jetstream.New(s.nc)
+	// Asynchronous publishes (the event log's batches) that NATS does not
+	// acknowledge in time fail rather than wait in the client for ever.
+	js, err := jetstream.New(s.nc, jetstream.WithPublishAsyncTimeout(publishAsyncTimeout))
 	if err != nil {
 		return err
 	}
