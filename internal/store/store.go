@@ -273,8 +273,41 @@ func (s *Store) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue
 	if err != nil {
 		return nil, fmt.Errorf("store: bucket %s: %w", bucket, err)
 	}
-	return kv, nil
+	return kv, readable(ctx, kv)
 }
+
+// readable waits, within ctx and at most readableWithin, until kv
+// answers a read. A bucket just created on a cluster answers nothing ("no
+// responders") until its replicas have elected a leader, and the first
+// relay of a fleet reads what it created at once.
+func readable(ctx context.Context, kv jetstream.KeyValue) error {
+	ctx, cancel := context.WithTimeout(ctx, readableWithin)
+	defer cancel()
+	for {
+		_, err := kv.Get(ctx, readableKey)
+		if err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		if !Unavailable(err) || ctx.Err() != nil {
+			return fmt.Errorf("store: bucket %s: %w", kv.Bucket(), err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("store: bucket %s: %w", kv.Bucket(), err)
+		case <-time.After(readableRetry):
+		}
+	}
+}
+
+// readableKey is the key readable asks for: none is ever stored under it.
+const readableKey = "store.readable"
+
+// readableRetry is how often readable asks again, and readableWithin how
+// long it waits at most.
+const (
+	readableRetry  = 50 * time.Millisecond
+	readableWithin = 10 * time.Second
+)
 
 // ExpiringKeyValue returns the bucket as KeyValue does, whose keys NATS
 // drops ttl after they were written: records that matter only for a while,
@@ -292,7 +325,7 @@ func (s *Store) ExpiringKeyValue(ctx context.Context, bucket string, ttl time.Du
 	if err != nil {
 		return nil, fmt.Errorf("store: bucket %s: %w", bucket, err)
 	}
-	return kv, nil
+	return kv, readable(ctx, kv)
 }
 
 // Stream returns the JetStream stream cfg describes, creating it or
