@@ -159,10 +159,9 @@ type Conn struct {
 // https://, verified with tlsConf) within ctx. From then on echo is told
 // the round trip of each beat that comes back (negative for a beat too
 // old to time), and ended, once, why the pulse ended, unless Close ended
-// it; both are called on the Conn's
-// reader, which nothing else waits on, and must return soon. A relay
-// that does not speak the protocol refuses with a
-// *connect.HandshakeError (status 200: it answered a plain probe).
+// it. Both are called on the Conn's reader, which nothing else waits on,
+// and must return soon. A relay that does not speak the protocol refuses
+// with a *connect.HandshakeError (status 200: it answered a plain probe).
 func Dial(ctx context.Context, base string, tlsConf *tls.Config, echo func(rtt time.Duration), ended func(error)) (*Conn, error) {
 	u, err := url.Parse(strings.TrimSuffix(base, "/") + "/healthz")
 	if err != nil {
@@ -198,13 +197,7 @@ func (c *Conn) read() {
 	var b [beatSize]byte
 	for {
 		if _, err := io.ReadFull(c.conn, b[:]); err != nil {
-			c.conn.Close()
-			c.mu.Lock()
-			closed := c.closed
-			c.mu.Unlock()
-			if !closed {
-				c.ended(err)
-			}
+			c.end(err)
 			return
 		}
 		seq := binary.BigEndian.Uint64(b[:])
@@ -212,8 +205,7 @@ func (c *Conn) read() {
 		c.mu.Lock()
 		if seq == 0 || seq > c.seq {
 			c.mu.Unlock()
-			c.conn.Close()
-			c.ended(errors.New("the peer sent back a beat never sent"))
+			c.end(errors.New("the peer sent back a beat never sent"))
 			return
 		}
 		rtt := time.Duration(-1)
@@ -222,6 +214,17 @@ func (c *Conn) read() {
 		}
 		c.mu.Unlock()
 		c.echo(rtt)
+	}
+}
+
+// end closes the connection and tells ended why, unless Close ended it.
+func (c *Conn) end(err error) {
+	c.conn.Close()
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if !closed {
+		c.ended(err)
 	}
 }
 
