@@ -78,9 +78,9 @@ func (n *Node) openRouting(ctx context.Context) error {
 		return c, nil
 	}
 	wc.OnVeto = func(id string, after time.Duration, reason error) {
-		cause := "probes"
+		cause := watchdog.CauseProbes
 		if after == 0 {
-			cause = "data path"
+			cause = watchdog.CauseDataPath
 		}
 		n.member.Record(fleet.Event{Type: EventRelayVetoed, RelayID: id, DurationMS: float64(after.Microseconds()) / 1000,
 			Message: fmt.Sprintf("relay %s vetoed by %s (%s): %v", id, n.member.ID(), cause, reason)})
