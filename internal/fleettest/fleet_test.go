@@ -100,13 +100,13 @@ func TestDeviceVisibility(t *testing.T) {
 	r := relays[0]
 	c := NewClient(t, true)
 	backend := newBackend(t, "b")
-	// Tokens are made on the relay the agents dial, which knows them at once.
-	// (Where each device lands also depends on the other's load: placement
-	// bounds it, so neither relay is asserted.)
+	// Where each device lands also depends on the other's load (placement
+	// bounds it, so neither relay is asserted): the relay an agent dials
+	// may send it on to the other, so every relay must know its token.
 	robotHolder, _ := HolderFor(t, relays, "robot-1")
 	labHolder, _ := HolderFor(t, relays, "lab-1")
-	StartAgent(t, robotHolder, "robot-1", backend.URL, robotHolder.Token(t, auth.KindAgent, "", "robot-1"))
-	StartAgent(t, labHolder, "lab-1", backend.URL, labHolder.Token(t, auth.KindAgent, "", "lab-1"))
+	StartAgent(t, robotHolder, "robot-1", backend.URL, FleetToken(t, relays, auth.KindAgent, "", "robot-1"))
+	StartAgent(t, labHolder, "lab-1", backend.URL, FleetToken(t, relays, auth.KindAgent, "", "lab-1"))
 	Eventually(t, 10*time.Second, func() error {
 		var ds []control.Device
 		if _, err := getJSON(c, r.AdminURL+"/api/v1/devices", r.AdminToken, &ds); err != nil {
