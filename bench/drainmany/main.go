@@ -18,10 +18,13 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/switchboard-relay/switchboard/bench/internal/benchkit"
@@ -45,7 +48,7 @@ func main() {
 	ping := flag.Duration("ping", 400*time.Millisecond, "the relays' tunnel ping interval")
 	pingTimeout := flag.Duration("ping-timeout", 800*time.Millisecond, "the relays' tunnel ping timeout")
 	flag.StringVar(&logLevel, "log-level", "error", "the relays' --log-level (their output goes to stderr)")
-	flag.StringVar(&profileDir, "profile-dir", "", "write 5 s CPU profiles of both relays, taken as the drain begins, to this directory")
+	flag.StringVar(&profileDir, "profile-dir", "", "write 5 s CPU profiles of both relays and of the agents' processes, taken as the drain begins, to this directory")
 	flag.DurationVar(&agentPing, "agent-ping", 0, "the agents' own ping interval, timeout half of it (0: the agent's default, 10 s while it keeps a standby); -ping stays the relays'")
 	flag.BoolVar(&hotStandby, "hot-standby", false, "run the relays with --hot-standby, so that agents keep standby tunnels and the drain promotes them")
 	flag.IntVar(&loadRate, "rate", 0, "the load's requests a second, over its 8 clients (0: each client sends its next request as soon as the last is answered, which takes whatever CPU the relays leave)")
@@ -119,6 +122,10 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 		return err
 	}
 	per := (n + workers - 1) / workers
+	if profileDir != "" {
+		os.Setenv(workerProfileEnv, profileDir) // the workers profile themselves on SIGUSR1
+	}
+	var procs []*procfleet.Proc
 	for w := range workers {
 		lo, hi := w*per, min(n, (w+1)*per)
 		if lo >= hi {
@@ -130,6 +137,7 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 			return err
 		}
 		defer p.Kill()
+		procs = append(procs, p)
 	}
 	count := func(id string) (int, error) {
 		rs, err := api.ListRelays(ctx)
@@ -230,6 +238,9 @@ func run(n, workers int, bin string, spread time.Duration, md string) error {
 			benchkit.Gauge(metrics[1], "switchboard_tunnel_standby_sessions"), recorded, n, time.Since(start).Round(time.Millisecond), err)
 	}
 	if profileDir != "" {
+		for _, p := range procs {
+			p.Signal(syscall.SIGUSR1)
+		}
 		for i, r := range relays {
 			wg.Go(func() {
 				path := filepath.Join(profileDir, fmt.Sprintf("relay%d.cpu.pprof", i))
@@ -296,6 +307,9 @@ func agentWorker(args []string) error {
 	}
 	bu := backend.URL()
 	ctx := context.Background()
+	if dir := os.Getenv(workerProfileEnv); dir != "" {
+		go profileOnSignal(filepath.Join(dir, fmt.Sprintf("agents%d.cpu.pprof", lo)))
+	}
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("DRAINMANY_TRACE") != "" {
 		c := &countingHandler{n: map[string]int{}, trail: map[string][]string{}, since: map[string]time.Time{}}
@@ -314,6 +328,32 @@ func agentWorker(args []string) error {
 		}
 	}
 	select {}
+}
+
+// workerProfileEnv names, to the agent workers, the directory of their CPU
+// profiles.
+const workerProfileEnv = "DRAINMANY_PROFILE_DIR"
+
+// profileOnSignal writes a 5 s CPU profile of this process to path at
+// each SIGUSR1: the agents' side of the drain.
+func profileOnSignal(path string) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	for range sig {
+		f, err := os.Create(path)
+		if err != nil {
+			log.Print(err)
+			continue
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Print(err)
+			f.Close()
+			continue
+		}
+		<-time.After(5 * time.Second)
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 // countingHandler counts the agents' state changes by message and error,

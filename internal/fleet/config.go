@@ -95,6 +95,12 @@ type Config struct {
 	// this relay to promote its standby for the device (a drain).
 	// Optional; it must not block long.
 	OnPromote func(device, from string)
+	// OnRecordedHere is called when the directory records this relay as
+	// the holder of a device it keeps only standby tunnels for: a
+	// promotion's write that timed out but landed. The relay promotes
+	// them, since the fleet now routes the device here. Optional; it must
+	// not block long.
+	OnRecordedHere func(device string)
 	// OnHandOver is called when relay to took device by promoting its
 	// standby tunnel: this relay stops sending the device requests and
 	// lets those in flight finish, and the agent retires its tunnel here.
@@ -160,6 +166,9 @@ func (c *Config) Complete() {
 	}
 	if c.OnPromote == nil {
 		c.OnPromote = func(string, string) {}
+	}
+	if c.OnRecordedHere == nil {
+		c.OnRecordedHere = func(string) {}
 	}
 	if c.Answering == nil {
 		c.Answering = func(string) bool { return false }

@@ -435,9 +435,18 @@ func (m *Member) reconcile(ctx context.Context) error {
 		attaches = append(attaches, dev)
 	}
 	for dev := range m.published {
-		if _, ok := local[dev]; !ok {
-			detaches = append(detaches, dev)
+		if _, ok := local[dev]; ok {
+			continue
 		}
+		if entry, inDir := m.devices.Get(deviceKey(dev)); inDir && entry.RelayID != m.cfg.RelayID && !entry.UpdatedAt.Before(m.wroteAt[dev]) {
+			// Another relay took the device since this one last wrote it
+			// (the mirror holds this relay's own writes as they land):
+			// only that relay writes the entry's holder now, so there is
+			// nothing to detach, and no need to read it to be sure.
+			m.forget(dev)
+			continue
+		}
+		detaches = append(detaches, dev)
 	}
 	// The writes go out in parallel: a relay taking or giving up thousands
 	// of devices at once (a drain) must not publish them one by one.
@@ -481,10 +490,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 			m.published[r.dev] = local[r.dev]
 			m.wroteAt[r.dev] = r.written
 		default:
-			delete(m.published, r.dev)
-			delete(m.movedAway, r.dev)
-			delete(m.heldStandby, r.dev)
-			delete(m.wroteAt, r.dev)
+			m.forget(r.dev)
 			if r.done {
 				m.Record(Event{Type: EventDeviceDetached, Device: r.dev, RelayID: m.cfg.RelayID,
 					Message: fmt.Sprintf("device %s: its last agent left relay %s", r.dev, m.cfg.RelayID)})
@@ -492,6 +498,15 @@ func (m *Member) reconcile(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forget drops what reconcile knows of dev, which this relay no longer
+// holds.
+func (m *Member) forget(dev string) {
+	delete(m.published, dev)
+	delete(m.movedAway, dev)
+	delete(m.heldStandby, dev)
+	delete(m.wroteAt, dev)
 }
 
 // reconcileParallel bounds the directory writes in flight at once.
@@ -507,6 +522,13 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence, promoted bo
 	if err != nil {
 		return time.Time{}, err
 	}
+	m.noteAttached(dev, res, promoted)
+	return res.entry.UpdatedAt, nil
+}
+
+// noteAttached tells the fleet of attach's write res of dev: the device's
+// move or arrival, and, for a move, the old holder's cancel.
+func (m *Member) noteAttached(dev string, res attachResult, promoted bool) {
 	took := time.Duration(0)
 	m.lostMu.Lock()
 	since, ok := m.lostSince[dev]
@@ -531,7 +553,6 @@ func (m *Member) attach(ctx context.Context, dev string, p Presence, promoted bo
 		m.publishCancel(cancelMsg{Device: dev, RelayID: res.from, Reason: "the device moved to relay " + m.cfg.RelayID, Moved: true, Promoted: promoted})
 	case res.isNew:
 		m.Record(Event{Type: EventDeviceAttached, Device: dev, RelayID: m.cfg.RelayID,
-			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, p.Agents, p.Protocol)})
+			Message: fmt.Sprintf("device %s attached to relay %s (%d agent(s), %s)", dev, m.cfg.RelayID, res.entry.Agents, res.entry.Protocol)})
 	}
-	return res.entry.UpdatedAt, nil
 }

@@ -25,17 +25,18 @@ func update[T any](ctx context.Context, kv jetstream.KeyValue, key string, chang
 }
 
 // record is a value of a bucket with the revision it was read at (0: the
-// key had no value).
+// key had no value), and the mirror it was read from, if any.
 type record[T any] struct {
-	val T
-	rev uint64
+	val    T
+	rev    uint64
+	mirror *kvmirror.Mirror[T]
 }
 
 // hint returns the record under key as the mirror m holds it, a starting
-// point for updateFrom.
+// point for updateFrom, which puts what it writes into m.
 func hint[T any](m *kvmirror.Mirror[T], key string) *record[T] {
 	v, rev := m.Record(key)
-	return &record[T]{val: v, rev: rev}
+	return &record[T]{val: v, rev: rev, mirror: m}
 }
 
 // updateFrom is update whose first compare-and-set starts from hint, a
@@ -43,7 +44,9 @@ func hint[T any](m *kvmirror.Mirror[T], key string) *record[T] {
 // trip instead of two when the copy is current and change writes. A stale
 // copy costs a lost compare-and-set, after which the record is read as in
 // update; a decision not to write (or an error) taken on the copy is taken
-// again on the record read.
+// again on the record read. What it writes enters the hint's mirror at
+// once, before the watch echoes it: this relay's next decision about the
+// key starts from its own write, not from a copy that lost to it.
 func updateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, hint *record[T], change func(cur T, found bool) (next T, write bool, err error)) (T, error) {
 	var zero T
 	for attempt := range maxAttempts {
@@ -75,12 +78,16 @@ func updateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, h
 		if err != nil {
 			return zero, err
 		}
+		var wrote uint64
 		if rev == 0 {
-			_, err = kv.Create(ctx, key, data)
+			wrote, err = kv.Create(ctx, key, data)
 		} else {
-			_, err = kv.Update(ctx, key, data, rev)
+			wrote, err = kv.Update(ctx, key, data, rev)
 		}
 		if err == nil {
+			if hint != nil && hint.mirror != nil {
+				hint.mirror.Put(key, next, wrote)
+			}
 			return next, nil
 		}
 		if !isConflict(err) {
@@ -96,5 +103,9 @@ func updateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, h
 // second with another code than a single server; ErrKeyRevisionMismatch
 // covers both.
 func isConflict(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var api *jetstream.APIError // a publish's answer, as ClaimPromoted's writes get it
+	return errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchboard-relay/switchboard/internal/kvmirror"
 	"github.com/switchboard-relay/switchboard/internal/store"
 )
 
@@ -81,6 +82,38 @@ func TestUpdateFromHint(t *testing.T) {
 	}
 }
 
+// TestUpdateFromPutsItsWrites: what updateFrom writes enters the hint's
+// mirror at once, so that the next write of the key starts from it without
+// a read, before any watch has echoed it (this mirror runs no watch).
+func TestUpdateFromPutsItsWrites(t *testing.T) {
+	ctx := testContext(t)
+	st, err := store.Open(ctx, store.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	raw, err := st.JetStream().CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "puts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := &countingKV{KeyValue: raw}
+	m := kvmirror.New[counter](raw, nil, kvmirror.Config[counter]{})
+	for n := 1; n <= 3; n++ {
+		if _, err := updateFrom(ctx, kv, "k", hint(m, "k"), func(counter, bool) (counter, bool, error) {
+			return counter{N: n}, true, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		got, rev := m.Record("k")
+		if got.N != n || rev != uint64(n) {
+			t.Errorf("write %d: the mirror holds %d at revision %d", n, got.N, rev)
+		}
+	}
+	if kv.gets != 0 {
+		t.Errorf("%d reads, want none: each write started from the one before", kv.gets)
+	}
+}
+
 // TestRelayIDFromName: a name gives one valid relay id, the same every time;
 // other names give others.
 func TestRelayIDFromName(t *testing.T) {
@@ -113,6 +146,8 @@ func TestIsConflict(t *testing.T) {
 		{fmt.Errorf("nats: %w: %w", single, jetstream.ErrKeyRevisionMismatch), true},
 		{fmt.Errorf("nats: %w: %w", replicated, jetstream.ErrKeyRevisionMismatch), true},
 		{fmt.Errorf("create: %w", jetstream.ErrKeyExists), true},
+		{single, true}, // a publish's answer, unwrapped
+		{fmt.Errorf("attach: %w", replicated), true},
 		{&jetstream.APIError{Code: 503, ErrorCode: jetstream.JSErrCodeJetStreamNotEnabled}, false},
 		{jetstream.ErrNoStreamResponse, false},
 	} {

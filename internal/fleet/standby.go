@@ -57,14 +57,95 @@ func (m *Member) Standby(device, region string, vetoed func(id string) bool) (Ta
 	return m.target(relays[i]), true
 }
 
-// ClaimPromoted records in the directory that this relay holds device,
-// whose standby tunnels here (agents of them) it is about to promote: the
+// Claim is a device this relay takes by promoting its standby tunnels
+// of it, Agents of them.
+type Claim struct {
+	Device string
+	Agents int
+}
+
+// ClaimPromoted records in the directory that this relay holds each
+// claimed device, whose standby tunnels here it is about to promote: the
 // move is written before any request goes there, and the old holder is
-// asked to hand the device over. An error means nothing moved, and the
-// standby must stay one.
-func (m *Member) ClaimPromoted(ctx context.Context, device string, agents int) error {
-	_, err := m.attach(ctx, device, Presence{Agents: agents, Protocol: "native"}, true)
-	return err
+// asked to hand the device over. It returns each claim's error, in order;
+// an error means that device did not move, and its standby must stay one.
+//
+// The claims' compare-and-sets go out together, pipelined on the store's
+// connection, each from the revision this relay's mirror holds: a drain
+// asks a standby relay for thousands of promotions at once, and one write
+// at a time, each waiting for its answer, moved them at the pace of
+// NATS's round trips. A claim whose write loses (the mirror was behind)
+// or fails is written again on its own, from the entry read.
+func (m *Member) ClaimPromoted(ctx context.Context, claims []Claim) []error {
+	errs := make([]error, len(claims))
+	type flight struct {
+		i    int
+		next Attachment
+		from string
+		ack  jetstream.PubAckFuture
+	}
+	var flights []flight
+	var alone []int // claims written one by one
+	js := m.st.JetStream()
+	for i, c := range claims {
+		key := deviceKey(c.Device)
+		cur, rev := m.devices.Record(key)
+		if rev == 0 || cur.RelayID == m.cfg.RelayID {
+			alone = append(alone, i)
+			continue
+		}
+		t := now()
+		next := Attachment{Device: c.Device, RelayID: m.cfg.RelayID, AttachedAt: t, Agents: c.Agents, Protocol: "native", UpdatedAt: t}
+		data, err := json.Marshal(next)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		ack, err := js.PublishMsgAsync(&nats.Msg{Subject: kvSubject(m.devsKV, key), Data: data}, jetstream.WithExpectLastSequencePerSubject(rev))
+		if err != nil {
+			alone = append(alone, i)
+			continue
+		}
+		flights = append(flights, flight{i: i, next: next, from: cur.RelayID, ack: ack})
+	}
+	for _, f := range flights {
+		c := claims[f.i]
+		select {
+		case pa := <-f.ack.Ok():
+			m.devices.Put(deviceKey(c.Device), f.next, pa.Sequence)
+			m.noteAttached(c.Device, attachResult{entry: f.next, written: true, moved: true, from: f.from}, true)
+		case err := <-f.ack.Err():
+			if !isConflict(err) {
+				// Not a lost compare-and-set: NATS did not take it (or
+				// did not say), and writing again could land a second
+				// move the relay learns nothing of.
+				errs[f.i] = fmt.Errorf("attach %s: %w", c.Device, err)
+				continue
+			}
+			alone = append(alone, f.i) // the mirror was behind: read, and decide again
+		case <-ctx.Done():
+			errs[f.i] = fmt.Errorf("attach %s: %w", c.Device, ctx.Err())
+		}
+	}
+	// The few left, one by one in parallel as reconcile writes.
+	sem := make(chan struct{}, reconcileParallel)
+	var wg sync.WaitGroup
+	for _, i := range alone {
+		c := claims[i]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, errs[i] = m.attach(ctx, c.Device, Presence{Agents: c.Agents, Protocol: "native"}, true)
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// kvSubject is the subject a bucket's key is written on, as nats.go's
+// key-value API writes it.
+func kvSubject(kv jetstream.KeyValue, key string) string {
+	return "$KV." + kv.Bucket() + "." + key
 }
 
 // AskPromote asks relay standby to promote its standby tunnel of device
@@ -108,15 +189,31 @@ func (m *Member) reconcileStandbys(ctx context.Context) error {
 	var marks, clears []string
 	for dev := range kept {
 		entry, ok := m.devices.Get(deviceKey(dev))
+		if ok && entry.RelayID == m.cfg.RelayID && entry.Agents > 0 {
+			// Only this relay's own promotion writes it here while it
+			// keeps a standby (a relay that holds a device refuses its
+			// standbys), and this one did not learn that its write landed.
+			m.cfg.OnRecordedHere(dev)
+			continue
+		}
 		if !ok || entry.RelayID == m.cfg.RelayID || entry.Standby == m.cfg.RelayID {
 			continue
 		}
 		marks = append(marks, dev)
 	}
 	for dev := range m.standbys {
-		if kept[dev] == 0 {
-			clears = append(clears, dev)
+		if kept[dev] > 0 {
+			continue
 		}
+		if entry, ok := m.devices.Get(deviceKey(dev)); !ok || entry.Standby != m.cfg.RelayID {
+			// The mark is gone already (the device's promotion here or
+			// another relay's attach dropped it). Only this relay names
+			// itself standby, and its own writes enter the mirror as they
+			// land, so the mirror is not behind the mark.
+			delete(m.standbys, dev)
+			continue
+		}
+		clears = append(clears, dev)
 	}
 	type result struct {
 		dev string

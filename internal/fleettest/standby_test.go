@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchboard-relay/switchboard/internal/agent"
 	"github.com/switchboard-relay/switchboard/internal/auth"
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/node"
 	"github.com/switchboard-relay/switchboard/internal/store"
 	"github.com/switchboard-relay/switchboard/internal/testkit"
@@ -530,5 +531,52 @@ func TestDrainFlipsAllAtOnce(t *testing.T) {
 	}
 	if n := logs.Count("agent moved to its standby tunnel"); n != len(held) {
 		t.Fatalf("the agents learnt of %d promotions, want %d:\n%s", n, len(held), logs)
+	}
+}
+
+// TestPromotionLandedLateIsPromoted: a standby relay whose promotion's
+// directory write timed out but landed (a NATS cluster regaining its
+// quorum) is recorded as the holder while it keeps only the standby. It
+// promotes the standby when it sees that, so that the users the fleet now
+// routes to it are served, and the agent follows.
+func TestPromotionLandedLateIsPromoted(t *testing.T) {
+	relays, _ := standbyFleet(t, 2, nil)
+	holder, others := HolderFor(t, relays, "robot-1")
+	sb := others[0]
+	backend := newBackend(t, "b")
+	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
+	user := FleetToken(t, relays, auth.KindUser, "u", "robot-1")
+	logs := &testkit.Buffer{}
+	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	holder.WaitDevice(t, "robot-1")
+	standbyOf(t, holder, sb, "robot-1")
+
+	// The write alone, as if it landed after the relay gave up on it: the
+	// relay itself promotes nothing.
+	if errs := sb.Node.Fleet().ClaimPromoted(t.Context(), []fleet.Claim{{Device: "robot-1", Agents: 1}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	Eventually(t, 10*time.Second, func() error {
+		if n := sb.Node.TunnelSessions(); n != 1 {
+			return fmt.Errorf("the relay recorded as the holder keeps %d tunnels, want the promoted one", n)
+		}
+		if n := logs.Count("agent moved to its standby tunnel"); n != 1 {
+			return fmt.Errorf("the agent learnt of %d promotions, want 1", n)
+		}
+		if n := holder.Node.TunnelSessions(); n != 0 {
+			return fmt.Errorf("the old holder keeps %d tunnels", n)
+		}
+		return nil
+	})
+	c := &http.Client{Timeout: 5 * time.Second}
+	for _, r := range relays {
+		if err := userGet(c, r, "robot-1", user); err != nil {
+			t.Error(err)
+		}
+	}
+	if n := logs.Count("agent disconnected"); n != 0 {
+		t.Fatalf("the agent reconnected (%d disconnections):\n%s", n, logs)
 	}
 }

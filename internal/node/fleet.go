@@ -89,6 +89,7 @@ func (n *Node) openFleet(ctx context.Context) error {
 	fc.OnMove = fleet.NewFailoverMetrics(n.registry).Observe
 	fc.Standbys = n.tunnels.Standbys
 	fc.OnPromote = n.onPromote
+	fc.OnRecordedHere = n.onRecordedHere
 	fc.OnHandOver = n.handOver
 	fc.Answering = n.answering
 	n.healthy.Store(true)

@@ -120,6 +120,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, registry: prometheus.NewRegistry(), errc: make(chan error, 2), stopReq: make(chan struct{}), changes: newChangeHub()}
+	n.promotions.run = n.promote
 	n.stopCtx, n.stopNow = context.WithCancel(context.Background())
 	n.cutTCP, n.cutTCPNow = context.WithCancel(context.Background())
 	defer func() {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchboard-relay/switchboard/internal/fleet"
 	"github.com/switchboard-relay/switchboard/internal/httperr"
 	"github.com/switchboard-relay/switchboard/internal/logkey"
 	"github.com/switchboard-relay/switchboard/internal/tunnel"
@@ -69,7 +70,7 @@ func (n *Node) promoteFrom(id string, after time.Duration) {
 	}
 	for device := range n.tunnels.Standbys() {
 		if e, ok := n.member.Entry(device); ok && e.RelayID == id {
-			n.promotions.run(func() { n.promote(device, id, "its holder is vetoed", after) })
+			n.promotions.add(promotion{device: device, from: id, why: "its holder is vetoed", lostFor: after})
 		}
 	}
 }
@@ -80,70 +81,160 @@ func (n *Node) onPromote(device, from string) {
 	if e, ok := n.member.Entry(device); !ok || e.RelayID != from {
 		return // the device moved meanwhile: the request is stale
 	}
-	n.promotions.run(func() { n.promote(device, from, "its holder asked", 0) })
+	n.promotions.add(promotion{device: device, from: from, why: "its holder asked"})
 }
 
-// promote turns this relay's standby tunnels of device into its tunnels,
-// unless this relay is leaving: it first records the move in the directory
-// (timed from lostFor ago), and promotes nothing when that write fails
-// (NATS away), so that an agent never follows a move the fleet does not
-// know of.
-func (n *Node) promote(device, from, why string, lostFor time.Duration) {
-	k := n.tunnels.StandbysOf(device)
-	if k == 0 || n.draining() || n.stopping.Load() {
+// onRecordedHere promotes the standby tunnels of device, which the
+// directory records here though this relay holds no tunnel of it: a
+// promotion's write that timed out (a NATS cluster without its quorum)
+// and landed later. The fleet routes the device here now, and the old
+// holder hands it over.
+func (n *Node) onRecordedHere(device string) {
+	if n.tunnels.Has(device) {
 		return
 	}
-	next := ""
-	vetoed := func(id string) bool { return id == from || n.placeVetoed(id) }
-	if t, ok := n.member.Standby(device, n.cfg.Region, vetoed); ok && !t.Self {
-		next = t.ID
+	n.promotions.add(promotion{device: device, why: "the directory records it here"})
+}
+
+// promotion is a device whose standby tunnels here are to be promoted,
+// from the relay that held it, why, and how long ago the device was lost.
+type promotion struct {
+	device, from, why string
+	lostFor           time.Duration
+}
+
+// promote records in the directory the moves of the devices of batch
+// whose standby tunnels are here, unless this relay is leaving, and
+// returns the step that promotes the tunnels of those recorded: the
+// promoter runs it while the next batch's writes are in flight. A device
+// whose write fails (NATS away) is not promoted, so that an agent never
+// follows a move the fleet does not know of. Each move is timed from its
+// lostFor ago.
+func (n *Node) promote(batch []promotion) (signal func()) {
+	if n.draining() || n.stopping.Load() {
+		return nil
 	}
-	n.member.NoteLost(device, lostFor)
+	claims := make([]fleet.Claim, 0, len(batch))
+	todo := make([]promotion, 0, len(batch))
+	next := make([]string, 0, len(batch))
+	seen := make(map[string]bool, len(batch))
+	for _, pr := range batch {
+		k := n.tunnels.StandbysOf(pr.device)
+		if k == 0 || seen[pr.device] {
+			continue
+		}
+		seen[pr.device] = true
+		vetoed := func(id string) bool { return id == pr.from || n.placeVetoed(id) }
+		t, ok := n.member.Standby(pr.device, n.cfg.Region, vetoed)
+		if !ok || t.Self {
+			t.ID = ""
+		}
+		n.member.NoteLost(pr.device, pr.lostFor)
+		claims = append(claims, fleet.Claim{Device: pr.device, Agents: k})
+		todo = append(todo, pr)
+		next = append(next, t.ID)
+	}
+	if len(claims) == 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), promoteTimeout)
 	defer cancel()
-	if err := n.member.ClaimPromoted(ctx, device, k); err != nil {
-		n.log.Warn("standby not promoted: the directory could not record the move", logkey.Device, device, logkey.Holder, from, logkey.Err, err)
-		return
-	}
-	if k := n.tunnels.Promote(device, next); k > 0 {
-		n.log.Info("standby promoted", logkey.Device, device, logkey.Holder, from, logkey.Reason, why, logkey.Tunnels, k)
+	errs := n.member.ClaimPromoted(ctx, claims)
+	return func() {
+		for i, pr := range todo {
+			if errs[i] != nil {
+				n.log.Warn("standby not promoted: the directory could not record the move", logkey.Device, pr.device, logkey.Holder, pr.from, logkey.Err, errs[i])
+				continue
+			}
+			if k := n.tunnels.Promote(pr.device, next[i]); k > 0 {
+				n.log.Info("standby promoted", logkey.Device, pr.device, logkey.Holder, pr.from, logkey.Reason, pr.why, logkey.Tunnels, k)
+			}
+		}
 		n.member.Changed()
 	}
 }
 
-// promoteTimeout bounds a promotion's directory write.
+// promoteTimeout bounds a batch of promotions' directory writes.
 const promoteTimeout = 2 * time.Second
 
-// promoter runs promotions, promoteParallel at most at once, each in a
-// goroutine that close waits for: a veto of a holder promotes all its
-// devices kept here at once, and a drain asks for thousands.
+// promoter runs promotions in batches, one batch at a time in a goroutine
+// that close waits for: what is asked while a batch's directory writes
+// are in flight goes out with everything else asked meanwhile, as the next
+// batch, its writes pipelined together (fleet.Member.ClaimPromoted). A
+// veto of a holder promotes all its devices kept here at once, and a
+// drain asks for thousands, one message each. A batch's tunnels are
+// promoted (a stream opened on each) while the next batch's writes are in
+// flight, the batches' promotions in the order of their writes.
 type promoter struct {
-	mu     sync.Mutex // guards the fields below, and wg's Add against close's Wait
-	closed bool
-	sem    chan struct{}
-	wg     sync.WaitGroup
+	run func(batch []promotion) (then func()) // set before the first add
+
+	mu      sync.Mutex // guards the fields below, and wg's Go against close's Wait
+	closed  bool
+	queue   []promotion
+	running bool // a goroutine is taking batches off queue
+	wg      sync.WaitGroup
 }
 
-// promoteParallel bounds the promotions, each a directory write, in
-// flight at once.
-const promoteParallel = 32
+// promoteBatch bounds a batch of promotions: their writes are in flight
+// at once, each on the store's connection, within promoteTimeout.
+const promoteBatch = 1024
 
-// run runs f in a goroutine of its own, unless the promoter is closed.
-func (p *promoter) run(f func()) {
+// add queues pr for the next batch, unless the promoter is closed.
+func (p *promoter) add(pr promotion) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return
 	}
-	if p.sem == nil {
-		p.sem = make(chan struct{}, promoteParallel)
+	p.queue = append(p.queue, pr)
+	if !p.running {
+		p.running = true
+		p.wg.Go(p.loop)
 	}
-	sem := p.sem
-	p.wg.Go(func() {
-		sem <- struct{}{}
-		defer func() { <-sem }()
-		f()
-	})
+}
+
+// promoteFlights bounds the batches whose writes are in flight at once:
+// while one waits for NATS, the next is written.
+const promoteFlights = 2
+
+// loop runs the queued batches until none is left, up to promoteFlights
+// of them at once, and each batch's then step after the one before it.
+func (p *promoter) loop() {
+	slots := make(chan struct{}, promoteFlights)
+	var last chan struct{} // closed when the last batch's then step has run
+	for {
+		slots <- struct{}{}
+		p.mu.Lock()
+		k := min(len(p.queue), promoteBatch)
+		if k == 0 || p.closed {
+			<-slots
+			if last != nil {
+				p.mu.Unlock()
+				<-last
+				last = nil
+				continue // look again: more may have been asked meanwhile
+			}
+			p.running, p.queue = false, nil
+			p.mu.Unlock()
+			return
+		}
+		batch := p.queue[:k:k]
+		p.queue = p.queue[k:]
+		p.mu.Unlock()
+		prev, done := last, make(chan struct{})
+		last = done
+		go func() {
+			defer close(done)
+			then := p.run(batch)
+			<-slots
+			if prev != nil {
+				<-prev
+			}
+			if then != nil {
+				then()
+			}
+		}()
+	}
 }
 
 // close runs nothing more and waits for what runs.
