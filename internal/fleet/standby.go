@@ -67,17 +67,27 @@ type Claim struct {
 // ClaimPromoted records in the directory that this relay holds each
 // claimed device, whose standby tunnels here it is about to promote: the
 // move is written before any request goes there, and the old holder is
-// asked to hand the device over. It returns each claim's error, in order;
-// an error means that device did not move, and its standby must stay one.
+// asked to hand the device over. landed (if not nil) is called with the
+// index of each claim whose write landed, before this relay's mirror and
+// routing hold it: it promotes the tunnels, so that a request routed
+// here by the new entry finds them. It returns each claim's error, in
+// order; an error means that device did not move, and its standby must
+// stay one. landed may run on several goroutines at once, for distinct
+// claims.
 //
 // The claims' compare-and-sets go out together, pipelined on the store's
 // connection, each from the revision this relay's mirror holds: a drain
 // asks a standby relay for thousands of promotions at once, and one write
 // at a time, each waiting for its answer, moved them at the pace of
-// NATS's round trips. A claim whose write loses (the mirror was behind)
-// or fails is written again on its own, from the entry read.
-func (m *Member) ClaimPromoted(ctx context.Context, claims []Claim) []error {
+// NATS's round trips. A claim whose write loses its compare-and-set (the
+// mirror was behind) is written again on its own, from the entry read;
+// one that fails otherwise is not, since it may yet land (see
+// Config.OnRecordedHere).
+func (m *Member) ClaimPromoted(ctx context.Context, claims []Claim, landed func(i int)) []error {
 	errs := make([]error, len(claims))
+	if landed == nil {
+		landed = func(int) {}
+	}
 	type flight struct {
 		i    int
 		next Attachment
@@ -112,6 +122,7 @@ func (m *Member) ClaimPromoted(ctx context.Context, claims []Claim) []error {
 		c := claims[f.i]
 		select {
 		case pa := <-f.ack.Ok():
+			landed(f.i)
 			m.devices.Put(deviceKey(c.Device), f.next, pa.Sequence)
 			m.noteAttached(c.Device, attachResult{entry: f.next, written: true, moved: true, from: f.from}, true)
 		case err := <-f.ack.Err():
@@ -135,7 +146,9 @@ func (m *Member) ClaimPromoted(ctx context.Context, claims []Claim) []error {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			_, errs[i] = m.attach(ctx, c.Device, Presence{Agents: c.Agents, Protocol: "native"}, true)
+			if _, errs[i] = m.attach(ctx, c.Device, Presence{Agents: c.Agents, Protocol: "native"}, true); errs[i] == nil {
+				landed(i) // just after the mirror took it: a read decided this write
+			}
 		})
 	}
 	wg.Wait()

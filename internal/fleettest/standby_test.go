@@ -555,7 +555,7 @@ func TestPromotionLandedLateIsPromoted(t *testing.T) {
 
 	// The write alone, as if it landed after the relay gave up on it: the
 	// relay itself promotes nothing.
-	if errs := sb.Node.Fleet().ClaimPromoted(t.Context(), []fleet.Claim{{Device: "robot-1", Agents: 1}}); errs[0] != nil {
+	if errs := sb.Node.Fleet().ClaimPromoted(t.Context(), []fleet.Claim{{Device: "robot-1", Agents: 1}}, nil); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
 	Eventually(t, 10*time.Second, func() error {

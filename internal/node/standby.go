@@ -104,13 +104,14 @@ type promotion struct {
 }
 
 // promote records in the directory the moves of the devices of batch
-// whose standby tunnels are here, unless this relay is leaving, and
-// returns the step that promotes the tunnels of those recorded: the
+// whose standby tunnels are here, unless this relay is leaving, promotes
+// the tunnels of each as its write lands (before this relay routes the
+// device to them), and returns the step that tells their agents: the
 // promoter runs it while the next batch's writes are in flight. A device
 // whose write fails (NATS away) is not promoted, so that an agent never
 // follows a move the fleet does not know of. Each move is timed from its
 // lostFor ago.
-func (n *Node) promote(batch []promotion) (signal func()) {
+func (n *Node) promote(batch []promotion) (tell func()) {
 	if n.draining() || n.stopping.Load() {
 		return nil
 	}
@@ -139,18 +140,22 @@ func (n *Node) promote(batch []promotion) (signal func()) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), promoteTimeout)
 	defer cancel()
-	errs := n.member.ClaimPromoted(ctx, claims)
+	tells := make([]func(next string), len(claims))
+	promoted := make([]int, len(claims))
+	errs := n.member.ClaimPromoted(ctx, claims, func(i int) {
+		promoted[i], tells[i] = n.tunnels.Promote(todo[i].device)
+	})
+	n.member.Changed()
 	return func() {
 		for i, pr := range todo {
-			if errs[i] != nil {
+			switch {
+			case errs[i] != nil:
 				n.log.Warn("standby not promoted: the directory could not record the move", logkey.Device, pr.device, logkey.Holder, pr.from, logkey.Err, errs[i])
-				continue
-			}
-			if k := n.tunnels.Promote(pr.device, next[i]); k > 0 {
-				n.log.Info("standby promoted", logkey.Device, pr.device, logkey.Holder, pr.from, logkey.Reason, pr.why, logkey.Tunnels, k)
+			case promoted[i] > 0:
+				tells[i](next[i])
+				n.log.Info("standby promoted", logkey.Device, pr.device, logkey.Holder, pr.from, logkey.Reason, pr.why, logkey.Tunnels, promoted[i])
 			}
 		}
-		n.member.Changed()
 	}
 }
 
@@ -162,9 +167,9 @@ const promoteTimeout = 2 * time.Second
 // are in flight goes out with everything else asked meanwhile, as the next
 // batch, its writes pipelined together (fleet.Member.ClaimPromoted). A
 // veto of a holder promotes all its devices kept here at once, and a
-// drain asks for thousands, one message each. A batch's tunnels are
-// promoted (a stream opened on each) while the next batch's writes are in
-// flight, the batches' promotions in the order of their writes.
+// drain asks for thousands, one message each. A batch's agents are told
+// of their promotion (a stream opened on each) while the next batch's
+// writes are in flight, batch after batch in the order they were taken.
 type promoter struct {
 	run func(batch []promotion) (then func()) // set before the first add
 

@@ -194,24 +194,28 @@ func (p *Pool) StandbysOf(device string) int {
 }
 
 // Promote turns device's standby tunnels into its tunnels here, which take
-// requests at once, and tells each agent on a stream of its own, naming
-// next (a relay id, or "") as its next standby. It returns how many it
-// promoted.
-func (p *Pool) Promote(device, next string) int {
+// requests at once, and returns how many it promoted and tell, which
+// tells each of their agents on a stream of its own, naming next (a relay
+// id, or "") as its next standby. A relay promoting thousands tells them
+// while it promotes the next ones.
+func (p *Pool) Promote(device string) (int, func(next string)) {
 	p.mu.Lock()
 	list := p.standby[device]
 	delete(p.standby, device)
 	p.mu.Unlock()
-	n := 0
+	var joined []*Session
 	for _, s := range list {
 		if _, err := p.join(s); err != nil {
 			continue
 		}
-		n++
+		joined = append(joined, s)
 		p.promoted.Add(1)
-		p.signalPromoted(s, next)
 	}
-	return n
+	return len(joined), func(next string) {
+		for _, s := range joined {
+			p.signalPromoted(s, next)
+		}
+	}
 }
 
 // CloseStandbys closes every standby tunnel: the relay is leaving, and
