@@ -78,6 +78,25 @@ func standbyOf(t *testing.T, holder, sb *Relay, device string) {
 	})
 }
 
+// robotWithStandby starts robot-1's agent at the relay of the two that
+// holds it and waits until the other keeps its standby; it returns both
+// relays, a user token for the device, and the agent's log.
+func robotWithStandby(t *testing.T, relays []*Relay) (holder, sb *Relay, user string, logs *testkit.Buffer) {
+	t.Helper()
+	holder, others := HolderFor(t, relays, "robot-1")
+	sb = others[0]
+	backend := newBackend(t, "b")
+	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
+	user = FleetToken(t, relays, auth.KindUser, "u", "robot-1")
+	logs = &testkit.Buffer{}
+	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	holder.WaitDevice(t, "robot-1")
+	standbyOf(t, holder, sb, "robot-1")
+	return holder, sb, user, logs
+}
+
 // userGet GETs the device's echo through relay r, with a short timeout.
 func userGet(c *http.Client, r *Relay, device, user string) error {
 	req, err := http.NewRequest(http.MethodGet, r.URL+"/client/"+device+"/echo/x", nil)
@@ -339,17 +358,7 @@ func (l *requestLoop) check(t *testing.T) {
 // reconnecting, and no request through either relay fails.
 func TestDrainFlipsToStandby(t *testing.T) {
 	relays, _ := standbyFleet(t, 2, func(_ int, c *node.Config) { c.DrainSpread = 200 * time.Millisecond })
-	holder, others := HolderFor(t, relays, "robot-1")
-	sb := others[0]
-	backend := newBackend(t, "b")
-	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
-	user := FleetToken(t, relays, auth.KindUser, "u", "robot-1")
-	logs := &testkit.Buffer{}
-	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
-		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	})
-	holder.WaitDevice(t, "robot-1")
-	standbyOf(t, holder, sb, "robot-1")
+	holder, sb, user, logs := robotWithStandby(t, relays)
 	connects := sb.Node.TunnelConnects()
 
 	reqs := startRequests(t, "robot-1", user, holder, sb)
@@ -541,17 +550,7 @@ func TestDrainFlipsAllAtOnce(t *testing.T) {
 // routes to it are served, and the agent follows.
 func TestPromotionLandedLateIsPromoted(t *testing.T) {
 	relays, _ := standbyFleet(t, 2, nil)
-	holder, others := HolderFor(t, relays, "robot-1")
-	sb := others[0]
-	backend := newBackend(t, "b")
-	agentTok := FleetToken(t, relays, auth.KindAgent, "", "robot-*")
-	user := FleetToken(t, relays, auth.KindUser, "u", "robot-1")
-	logs := &testkit.Buffer{}
-	StartAgent(t, holder, "robot-1", backend.URL, agentTok, func(c *agent.Config) {
-		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	})
-	holder.WaitDevice(t, "robot-1")
-	standbyOf(t, holder, sb, "robot-1")
+	holder, sb, user, logs := robotWithStandby(t, relays)
 
 	// The write alone, as if it landed after the relay gave up on it: the
 	// relay itself promotes nothing.
