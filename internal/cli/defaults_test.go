@@ -59,7 +59,7 @@ func completeNode(c *node.Config) {
 	c.Liveness = c.Liveness.WithDefaults()
 	c.Logger, c.Broker.Logger = nil, nil
 	c.Fleet.Logger, c.Fleet.OnShouldDrain, c.Fleet.OnChange, c.Fleet.OnMove, c.Fleet.OnCancel, c.Fleet.OnSendBack = nil, nil, nil, nil, nil, nil
-	c.Fleet.Standbys, c.Fleet.OnPromote, c.Fleet.OnHandOver, c.Fleet.Answering = nil, nil, nil, nil
+	c.Fleet.Standbys, c.Fleet.OnPromote, c.Fleet.OnRecordedHere, c.Fleet.OnHandOver, c.Fleet.Answering = nil, nil, nil, nil, nil
 	c.Watchdog.Logger, c.Watchdog.OnVeto, c.Watchdog.OnClear = nil, nil, nil
 }
 
