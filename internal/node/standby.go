@@ -162,10 +162,10 @@ func (n *Node) promote(batch []promotion) (tell func()) {
 // promoteTimeout bounds a batch of promotions' directory writes.
 const promoteTimeout = 2 * time.Second
 
-// promoter runs promotions in batches, one batch at a time in a goroutine
-// that close waits for: what is asked while a batch's directory writes
-// are in flight goes out with everything else asked meanwhile, as the next
-// batch, its writes pipelined together (fleet.Member.ClaimPromoted). A
+// promoter runs promotions in batches, in goroutines that close waits for:
+// what is asked while batches' directory writes are in flight goes out
+// with everything else asked meanwhile, as the next batch, its writes
+// pipelined together (fleet.Member.ClaimPromoted). A
 // veto of a holder promotes all its devices kept here at once, and a
 // drain asks for thousands, one message each. A batch's agents are told
 // of their promotion (a stream opened on each) while the next batch's
