@@ -15,14 +15,19 @@ import (
 
 // Limits of the event log.
 const (
-	eventsMaxAge   = 7 * 24 * time.Hour // events older than this are dropped
-	eventsMaxMsgs  = 100_000            // and beyond this many, the oldest
-	eventQueueSize = 1024               // events waiting to be published
+	eventsMaxAge  = 7 * 24 * time.Hour // events older than this are dropped
+	eventsMaxMsgs = 100_000            // and beyond this many, the oldest
+	// eventQueueSize bounds the events waiting to be published: a
+	// standby relay promoting a drain's devices writes two batches of
+	// 1,024 moves in a few hundred ms (node's promoter), whose events
+	// must all fit while the first are published.
+	eventQueueSize = 4096
 	// eventBatch is the most queued events published at once, each
 	// waiting for its acknowledgment alongside the others: a drain of
 	// thousands of devices records thousands of moves within seconds,
-	// more than one publish at a time keeps up with.
-	eventBatch = 128
+	// more than one publish at a time keeps up with (128 at once fell
+	// behind a drain's batched promotions, 3,000–5,000 moves a second).
+	eventBatch = 1024
 	// MaxEventsList is the most events one List returns.
 	MaxEventsList = 1000
 )
