@@ -55,10 +55,16 @@ func newPeer() *peer {
 	return &peer{echoes: make(chan time.Duration, 16), ended: make(chan error, 1)}
 }
 
-func (p *peer) dial(t *testing.T, ts *httptest.Server) (*pulse.Conn, error) {
+// dial opens a pulse to ts, closed when the test ends.
+func (p *peer) dial(t *testing.T, ts *httptest.Server) *pulse.Conn {
 	t.Helper()
 	var tlsConf = ts.Client().Transport.(*http.Transport).TLSClientConfig
-	return pulse.Dial(t.Context(), ts.URL, tlsConf, func(rtt time.Duration) { p.echoes <- rtt }, func(err error) { p.ended <- err })
+	c, err := pulse.Dial(t.Context(), ts.URL, tlsConf, func(rtt time.Duration) { p.echoes <- rtt }, func(err error) { p.ended <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 func (p *peer) echo(t *testing.T) time.Duration {
@@ -94,10 +100,7 @@ func TestBeatsComeBack(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ts := relay(t, &pulse.Server{}, tls)
 			p := newPeer()
-			c, err := p.dial(t, ts)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := p.dial(t, ts)
 			for i := range 3 {
 				if err := c.Beat(time.Second); err != nil {
 					t.Fatal(err)
@@ -131,7 +134,7 @@ func TestBeatsComeBack(t *testing.T) {
 // answers the upgrade as a plain probe, and Dial says so.
 func TestRelayWithoutPulses(t *testing.T) {
 	ts := relay(t, nil, false)
-	_, err := newPeer().dial(t, ts)
+	_, err := pulse.Dial(t.Context(), ts.URL, nil, func(time.Duration) {}, func(error) {})
 	var he *connect.HandshakeError
 	if !errors.As(err, &he) || he.Status != http.StatusOK {
 		t.Fatalf("Dial to a relay without pulses: %v, want a handshake error of status 200", err)
@@ -144,11 +147,7 @@ func TestRelayStopEndsPulses(t *testing.T) {
 	srv := &pulse.Server{}
 	ts := relay(t, srv, false)
 	p := newPeer()
-	c, err := p.dial(t, ts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := p.dial(t, ts)
 	if err := c.Beat(time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -167,11 +166,7 @@ func TestRelayStopEndsPulses(t *testing.T) {
 func TestQuietPulseIsClosed(t *testing.T) {
 	ts := relay(t, &pulse.Server{IdleTimeout: 50 * time.Millisecond}, false)
 	p := newPeer()
-	c, err := p.dial(t, ts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	p.dial(t, ts)
 	if err := p.end(t); err == nil {
 		t.Error("ended was told no error")
 	}
@@ -208,11 +203,7 @@ func TestEchoOfABeatNeverSent(t *testing.T) {
 	}))
 	defer ts.Close()
 	p := newPeer()
-	c, err := p.dial(t, ts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := p.dial(t, ts)
 	if err := c.Beat(time.Second); err != nil {
 		t.Fatal(err)
 	}
