@@ -143,9 +143,8 @@ func (n *Node) promote(batch []promotion) (tell func()) {
 	tells := make([]func(next string), len(claims))
 	promoted := make([]int, len(claims))
 	errs := n.member.ClaimPromoted(ctx, claims, func(i int) {
-		promoted[i], tells[i] = n.tunnels.Promote(todo[i].device)
+		promoted[i], tells[i] = n.tunnels.Promote(todo[i].device) // each join tells the fleet of the change
 	})
-	n.member.Changed()
 	return func() {
 		for i, pr := range todo {
 			switch {
